@@ -1,0 +1,275 @@
+//! The plugin boundary: loading a WebAssembly component that implements
+//! `wit/aggregate.wit`, sandboxing it, and calling it with batches.
+//!
+//! One [`PluginRuntime`] (engine + linker) serves the process; each [`Plugin`] is one
+//! configured instance with its own store. Guests get WASI with nothing in it: no
+//! preopened directories, no network, no environment, no arguments, closed stdio, and a
+//! deterministic random source, so a plugin is a pure function of its configuration,
+//! accumulators and events, and a replay gives the same output.
+
+pub mod batch;
+
+use crate::pipeline::hex;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "km0:plugin/aggregate-plugin",
+    });
+}
+
+pub use bindings::km0::plugin::types::{
+    Column, Emitted, Events, Field, FieldType, Groups, Packed, PluginInfo,
+};
+use bindings::AggregatePlugin;
+
+/// The contract version this host implements (the `package` version in `wit/`).
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+/// Who a plugin is: recorded in savepoints and compared on deploy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginIdentity {
+    pub name: String,
+    pub version: String,
+    pub state_schema: u32,
+    /// SHA-256 of the component file.
+    pub sha256: String,
+    pub contract: String,
+}
+
+struct GuestState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+}
+
+impl WasiView for GuestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Engine and linker shared by every plugin instance.
+pub struct PluginRuntime {
+    engine: Engine,
+    linker: Linker<GuestState>,
+}
+
+impl PluginRuntime {
+    pub fn new() -> Result<PluginRuntime> {
+        let mut config = Config::new();
+        config.wasm_component_model(true);
+        // Concurrency support makes every call ~3.5x dearer; plugins are synchronous.
+        config.concurrency_support(false);
+        let engine =
+            Engine::new(&config).map_err(|e| runtime_error(format!("wasmtime engine: {e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| runtime_error(format!("linking WASI: {e:#}")))?;
+        Ok(PluginRuntime { engine, linker })
+    }
+
+    /// Load, check and configure the component at `path`.
+    pub fn load(&self, path: &Path, config: &[(String, String)]) -> Result<Plugin> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
+        self.load_bytes(&path.display().to_string(), &bytes, config)
+    }
+
+    pub fn load_bytes(
+        &self,
+        label: &str,
+        bytes: &[u8],
+        config: &[(String, String)],
+    ) -> Result<Plugin> {
+        let fail = |message: String| Error::Plugin {
+            plugin: label.to_string(),
+            message,
+        };
+        let component = Component::new(&self.engine, bytes)
+            .map_err(|e| fail(format!("not a WebAssembly component: {e:#}")))?;
+        let mut store = Store::new(&self.engine, sandbox());
+        let instance = AggregatePlugin::instantiate(&mut store, &component, &self.linker).map_err(|e| {
+            fail(format!(
+                "does not implement the km0 contract (world km0:plugin/aggregate-plugin@{CONTRACT_VERSION}): {e:#}"
+            ))
+        })?;
+        let api = instance.km0_plugin_aggregate();
+        let info = api
+            .call_info(&mut store)
+            .map_err(|e| fail(format!("info trapped: {e:#}")))?;
+        api.call_configure(&mut store, config)
+            .map_err(|e| fail(format!("configure trapped: {e:#}")))?
+            .map_err(|reason| fail(format!("refused its configuration: {reason}")))?;
+        let identity = PluginIdentity {
+            name: info.name.clone(),
+            version: info.version.clone(),
+            state_schema: info.state_schema,
+            sha256: hex(&Sha256::digest(bytes)),
+            contract: CONTRACT_VERSION.into(),
+        };
+        Ok(Plugin {
+            store,
+            instance,
+            info,
+            identity,
+        })
+    }
+}
+
+fn runtime_error(message: String) -> Error {
+    Error::Plugin {
+        plugin: "runtime".into(),
+        message,
+    }
+}
+
+/// A WASI context with nothing in it.
+fn sandbox() -> GuestState {
+    let mut b = WasiCtxBuilder::new();
+    // Fixed randomness: guests' hash maps and the like behave the same on every replay.
+    b.secure_random(wasmtime_wasi::random::Deterministic::new(vec![
+        0x6b, 0x6d, 0x30, 0x21,
+    ]));
+    b.insecure_random(wasmtime_wasi::random::Deterministic::new(vec![
+        0x30, 0x6d, 0x6b, 0x21,
+    ]));
+    b.insecure_random_seed(0x6b6d30);
+    GuestState {
+        wasi: b.build(),
+        table: ResourceTable::new(),
+    }
+}
+
+/// A configured plugin instance.
+pub struct Plugin {
+    store: Store<GuestState>,
+    instance: AggregatePlugin,
+    info: PluginInfo,
+    identity: PluginIdentity,
+}
+
+impl Plugin {
+    pub fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    pub fn identity(&self) -> &PluginIdentity {
+        &self.identity
+    }
+
+    fn call_error(&self, call: &'static str, message: String) -> Error {
+        Error::PluginCall {
+            plugin: format!("{} {}", self.identity.name, self.identity.version),
+            call,
+            message,
+        }
+    }
+
+    /// Fold a batch into its groups' accumulators.
+    pub fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
+        let n = groups.window_start.len();
+        let out = self
+            .instance
+            .km0_plugin_aggregate()
+            .call_add(&mut self.store, groups, events)
+            .map_err(|e| self.call_error("add", format!("trapped: {e:#}")))?
+            .map_err(|reason| self.call_error("add", reason))?;
+        self.check_packed("add", &out, n)?;
+        Ok(out)
+    }
+
+    /// Pairwise merge of accumulators.
+    pub fn merge(&mut self, left: &Packed, right: &Packed) -> Result<Packed> {
+        let n = left.ends.len();
+        let out = self
+            .instance
+            .km0_plugin_aggregate()
+            .call_merge(&mut self.store, left, right)
+            .map_err(|e| self.call_error("merge", format!("trapped: {e:#}")))?
+            .map_err(|reason| self.call_error("merge", reason))?;
+        self.check_packed("merge", &out, n)?;
+        Ok(out)
+    }
+
+    /// Results of firing windows.
+    pub fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
+        let n = groups.window_start.len();
+        let out = self
+            .instance
+            .km0_plugin_aggregate()
+            .call_finish(&mut self.store, groups)
+            .map_err(|e| self.call_error("finish", format!("trapped: {e:#}")))?
+            .map_err(|reason| self.call_error("finish", reason))?;
+        if let Some(bad) = out.iter().find(|e| e.group as usize >= n) {
+            return Err(
+                self.call_error("finish", format!("emitted for group {} of {n}", bad.group))
+            );
+        }
+        Ok(out)
+    }
+
+    /// Convert accumulators of state schema `from` to this plugin's schema.
+    pub fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed> {
+        let n = accumulators.ends.len();
+        let out = self
+            .instance
+            .km0_plugin_aggregate()
+            .call_migrate(&mut self.store, from, accumulators)
+            .map_err(|e| self.call_error("migrate", format!("trapped: {e:#}")))?
+            .map_err(|reason| self.call_error("migrate", reason))?;
+        self.check_packed("migrate", &out, n)?;
+        Ok(out)
+    }
+
+    fn check_packed(&self, call: &'static str, p: &Packed, n: usize) -> Result<()> {
+        if p.ends.len() != n {
+            return Err(self.call_error(
+                call,
+                format!("returned {} accumulators for {n} groups", p.ends.len()),
+            ));
+        }
+        let mut prev = 0u32;
+        for &e in &p.ends {
+            if e < prev || e as usize > p.bytes.len() {
+                return Err(self.call_error(call, "returned malformed packed accumulators".into()));
+            }
+            prev = e;
+        }
+        Ok(())
+    }
+}
+
+/// Item `i` of a packed buffer (the caller checked the ends).
+#[inline]
+pub fn packed_item(p: &Packed, i: usize) -> &[u8] {
+    let start = if i == 0 { 0 } else { p.ends[i - 1] as usize };
+    &p.bytes[start..p.ends[i] as usize]
+}
+
+/// Append an item to a packed buffer.
+#[inline]
+pub fn packed_push(p: &mut Packed, item: &[u8]) {
+    p.bytes.extend_from_slice(item);
+    p.ends.push(p.bytes.len() as u32);
+}
+
+pub fn packed_clear(p: &mut Packed) {
+    p.bytes.clear();
+    p.ends.clear();
+}
+
+pub fn empty_packed() -> Packed {
+    Packed {
+        bytes: Vec::new(),
+        ends: Vec::new(),
+    }
+}

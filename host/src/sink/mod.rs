@@ -1,0 +1,178 @@
+//! Sinks: where results, late events and dead letters go.
+//!
+//! The embedded default writes JSON lines. A file sink knows how many bytes it has
+//! committed (flushed at a savepoint); resuming from that savepoint truncates the file
+//! back to that length before appending, so a resumed run never duplicates or loses a
+//! line, whatever the stopped run wrote after its savepoint.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// How much of a file sink is committed, recorded in savepoints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SinkPosition {
+    pub name: String,
+    pub path: PathBuf,
+    pub committed_bytes: u64,
+}
+
+enum Target {
+    File { path: PathBuf, w: BufWriter<File> },
+    Stdout(BufWriter<std::io::Stdout>),
+}
+
+/// A JSON-lines sink.
+pub struct JsonlSink {
+    name: &'static str,
+    target: Target,
+    written: u64,
+}
+
+impl JsonlSink {
+    /// A new, empty file (truncating an old one).
+    pub fn create(name: &'static str, path: &Path) -> Result<JsonlSink> {
+        ensure_parent(path)?;
+        let f = File::create(path).map_err(|e| Error::io("create", path, e))?;
+        Ok(JsonlSink {
+            name,
+            target: Target::File {
+                path: path.into(),
+                w: BufWriter::with_capacity(1 << 20, f),
+            },
+            written: 0,
+        })
+    }
+
+    /// Reopen a file at its committed length, dropping anything written after it.
+    pub fn resume(name: &'static str, path: &Path, committed: u64) -> Result<JsonlSink> {
+        ensure_parent(path)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
+        let len = f.metadata().map_err(|e| Error::io("stat", path, e))?.len();
+        if len < committed {
+            return Err(Error::Usage(format!(
+                "{name} file {} has {len} bytes, fewer than the {committed} the savepoint committed: it was changed since",
+                path.display()
+            )));
+        }
+        f.set_len(committed)
+            .map_err(|e| Error::io("truncate", path, e))?;
+        f.seek(SeekFrom::Start(committed))
+            .map_err(|e| Error::io("seek", path, e))?;
+        Ok(JsonlSink {
+            name,
+            target: Target::File {
+                path: path.into(),
+                w: BufWriter::with_capacity(1 << 20, f),
+            },
+            written: committed,
+        })
+    }
+
+    /// Open for a run: resume at the savepoint's position when it names the same file,
+    /// start a new file otherwise.
+    pub fn open(
+        name: &'static str,
+        path: &Path,
+        resume_from: Option<&SinkPosition>,
+    ) -> Result<JsonlSink> {
+        match resume_from {
+            Some(p) if p.path == path => Self::resume(name, path, p.committed_bytes),
+            _ => Self::create(name, path),
+        }
+    }
+
+    pub fn stdout(name: &'static str) -> JsonlSink {
+        JsonlSink {
+            name,
+            target: Target::Stdout(BufWriter::new(std::io::stdout())),
+            written: 0,
+        }
+    }
+
+    /// Write one line (a newline is added).
+    #[inline]
+    pub fn write_line(&mut self, line: &[u8]) -> Result<()> {
+        let r = match &mut self.target {
+            Target::File { w, .. } => w.write_all(line).and_then(|_| w.write_all(b"\n")),
+            Target::Stdout(w) => w.write_all(line).and_then(|_| w.write_all(b"\n")),
+        };
+        r.map_err(|e| self.error("write", e))?;
+        self.written += line.len() as u64 + 1;
+        Ok(())
+    }
+
+    /// Flush everything written so far to the operating system.
+    pub fn flush(&mut self) -> Result<()> {
+        let r = match &mut self.target {
+            Target::File { w, .. } => w.flush(),
+            Target::Stdout(w) => w.flush(),
+        };
+        r.map_err(|e| self.error("flush", e))
+    }
+
+    /// Flush and make durable; returns the committed position (None for stdout).
+    pub fn commit(&mut self) -> Result<Option<SinkPosition>> {
+        self.flush()?;
+        match &mut self.target {
+            Target::File { path, w } => {
+                w.get_ref()
+                    .sync_data()
+                    .map_err(|e| Error::io("sync", path.clone(), e))?;
+                Ok(Some(SinkPosition {
+                    name: self.name.into(),
+                    path: path.clone(),
+                    committed_bytes: self.written,
+                }))
+            }
+            Target::Stdout(_) => Ok(None),
+        }
+    }
+
+    fn error(&self, action: &'static str, e: std::io::Error) -> Error {
+        match &self.target {
+            Target::File { path, .. } => Error::io(action, path.clone(), e),
+            Target::Stdout(_) => Error::io(action, "<stdout>", e),
+        }
+    }
+}
+
+fn ensure_parent(path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create folder", dir, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_truncates_to_the_committed_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out/alerts.jsonl");
+        let mut s = JsonlSink::create("output", &path).unwrap();
+        s.write_line(b"{\"a\":1}").unwrap();
+        let pos = s.commit().unwrap().unwrap();
+        s.write_line(b"{\"a\":2}").unwrap(); // written after the savepoint
+        s.flush().unwrap();
+        drop(s);
+        let mut s = JsonlSink::open("output", &path, Some(&pos)).unwrap();
+        s.write_line(b"{\"a\":3}").unwrap();
+        s.flush().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"a\":1}\n{\"a\":3}\n"
+        );
+        std::fs::write(&path, "").unwrap();
+        assert!(JsonlSink::resume("output", &path, pos.committed_bytes).is_err());
+    }
+}

@@ -1,0 +1,282 @@
+//! Guest SDK for km0 aggregate plugins.
+//!
+//! A plugin author implements [`Aggregate`] (typed accumulator, per-group `add`, `merge`,
+//! `finish`, optional `migrate`) and calls [`export_plugin!`]. Everything else is this
+//! crate's business: the WIT bindings of `wit/aggregate.wit`, the packed/columnar batch
+//! format, and the accumulator encoding (postcard over serde, the fresh accumulator being
+//! `Default`).
+//!
+//! ```ignore
+//! use km0_plugin::{Aggregate, Config, Events, Field, Group, Output};
+//! #[derive(Default, serde::Serialize, serde::Deserialize)]
+//! struct Acc { n: u64 }
+//! struct Count;
+//! impl Aggregate for Count {
+//!     const NAME: &'static str = "count";
+//!     const STATE_SCHEMA: u32 = 1;
+//!     const FIELDS: &'static [Field] = &[];
+//!     type Acc = Acc;
+//!     fn configure(_: &Config) -> Result<Self, String> { Ok(Count) }
+//!     fn add(&self, acc: &mut Acc, _: &Group, ev: &Events) { acc.n += ev.len() as u64 }
+//!     fn merge(&self, acc: &mut Acc, other: Acc) { acc.n += other.n }
+//!     fn finish(&self, acc: &Acc, g: &Group, out: &mut Output) { out.emit(&acc.n) }
+//! }
+//! km0_plugin::export_plugin!(Count);
+//! ```
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "km0:plugin/aggregate-plugin",
+        pub_export_macro: true,
+        export_macro_name: "__export_aggregate",
+        default_bindings_module: "km0_plugin::bindings",
+    });
+}
+
+#[doc(hidden)]
+pub mod __rt {
+    pub use crate::runtime::*;
+}
+mod runtime;
+
+use bindings::km0::plugin::types as wit;
+use serde::{de::DeserializeOwned, Serialize};
+
+/// Version of the WIT contract this SDK implements.
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+/// Type of a field the plugin reads from every event.
+#[derive(Clone, Copy, Debug)]
+pub enum FieldType {
+    Int,
+    Float,
+    Text,
+    Boolean,
+}
+
+/// A field the plugin reads from every event; its position in [`Aggregate::FIELDS`] is its
+/// column index in [`Events`].
+#[derive(Clone, Copy, Debug)]
+pub struct Field {
+    pub name: &'static str,
+    pub ty: FieldType,
+}
+
+impl Field {
+    pub const fn int(name: &'static str) -> Self {
+        Field {
+            name,
+            ty: FieldType::Int,
+        }
+    }
+    pub const fn float(name: &'static str) -> Self {
+        Field {
+            name,
+            ty: FieldType::Float,
+        }
+    }
+    pub const fn text(name: &'static str) -> Self {
+        Field {
+            name,
+            ty: FieldType::Text,
+        }
+    }
+    pub const fn boolean(name: &'static str) -> Self {
+        Field {
+            name,
+            ty: FieldType::Boolean,
+        }
+    }
+}
+
+/// The user's logic: an incremental aggregate over the events of one (key, window).
+pub trait Aggregate: Sized + 'static {
+    /// Stable name of the logic; savepoints are deployed only onto the same name.
+    const NAME: &'static str;
+    /// Version of `Acc`'s layout. Bump it when `Acc` changes and read the old layout in
+    /// [`Aggregate::migrate`].
+    const STATE_SCHEMA: u32;
+    /// Fields read from each event, in column order.
+    const FIELDS: &'static [Field];
+    /// True if `add` needs each group's events in event-time order.
+    const ORDERED_INPUT: bool = false;
+
+    /// The accumulator. `Default` is the fresh accumulator of a new window.
+    type Acc: Default + Serialize + DeserializeOwned;
+
+    /// Build the plugin from the pipeline's `[plugin.config]`.
+    fn configure(config: &Config) -> Result<Self, String>;
+    /// Fold a group's events into its accumulator.
+    fn add(&self, acc: &mut Self::Acc, group: &Group<'_>, events: &Events<'_>);
+    /// Fold `other` (later events, for ordered plugins) into `acc`.
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
+    /// The window fired: emit zero or more records.
+    fn finish(&self, acc: &Self::Acc, group: &Group<'_>, out: &mut Output);
+    /// Read an accumulator written with an older `STATE_SCHEMA`. The default refuses.
+    fn migrate(&self, from_schema: u32, bytes: &[u8]) -> Result<Self::Acc, String> {
+        let _ = bytes;
+        Err(format!(
+            "{} (state schema {}) cannot read accumulators of state schema {from_schema}",
+            Self::NAME,
+            Self::STATE_SCHEMA
+        ))
+    }
+}
+
+/// Decode an accumulator of any layout written by this SDK (for `migrate`).
+pub fn decode<T: Default + DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    if bytes.is_empty() {
+        return Ok(T::default());
+    }
+    postcard::from_bytes(bytes).map_err(|e| format!("undecodable accumulator: {e}"))
+}
+
+/// The pipeline's `[plugin.config]`, values as JSON.
+pub struct Config {
+    entries: Vec<(String, serde_json::Value)>,
+}
+
+impl Config {
+    /// The raw JSON value of `name`, if present.
+    pub fn get(&self, name: &str) -> Option<&serde_json::Value> {
+        self.entries.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+    /// An integer setting, `default` when absent; an error naming the setting when mistyped.
+    pub fn int_or(&self, name: &str, default: i64) -> Result<i64, String> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .as_i64()
+                .ok_or_else(|| format!("config `{name}` must be an integer, got {v}")),
+        }
+    }
+    /// A float setting, `default` when absent.
+    pub fn float_or(&self, name: &str, default: f64) -> Result<f64, String> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| format!("config `{name}` must be a number, got {v}")),
+        }
+    }
+    /// Names present in the config, to reject unknown settings.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|(k, _)| k.as_str())
+    }
+    /// Refuse settings not in `known`.
+    pub fn only(&self, known: &[&str]) -> Result<(), String> {
+        match self.names().find(|n| !known.contains(n)) {
+            Some(n) => Err(format!(
+                "unknown config `{n}` (known: {})",
+                known.join(", ")
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The (key, window) a call is about.
+pub struct Group<'a> {
+    keys: &'a wit::Packed,
+    first_key: usize,
+    arity: usize,
+    /// Window start, epoch ms (inclusive).
+    pub window_start: i64,
+    /// Window end, epoch ms (exclusive).
+    pub window_end: i64,
+}
+
+impl<'a> Group<'a> {
+    /// Key field `j` (in the pipeline's `key` order).
+    pub fn key(&self, j: usize) -> &'a str {
+        assert!(
+            j < self.arity,
+            "key field {j} out of range (arity {})",
+            self.arity
+        );
+        packed_str(self.keys, self.first_key + j)
+    }
+    /// Number of key fields.
+    pub fn key_arity(&self) -> usize {
+        self.arity
+    }
+}
+
+/// The events of one group, in columns.
+pub struct Events<'a> {
+    times: &'a [i64],
+    columns: &'a [wit::Column],
+    start: usize,
+}
+
+impl<'a> Events<'a> {
+    pub fn len(&self) -> usize {
+        self.times.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.times.is_empty()
+    }
+    /// Event times, epoch ms.
+    pub fn times(&self) -> &'a [i64] {
+        self.times
+    }
+    fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.times.len()
+    }
+    /// Column `c`, declared `Field::int`.
+    pub fn ints(&self, c: usize) -> &'a [i64] {
+        match &self.columns[c] {
+            wit::Column::Int(v) => &v[self.range()],
+            _ => panic!("column {c} is not an int column"),
+        }
+    }
+    /// Column `c`, declared `Field::float`.
+    pub fn floats(&self, c: usize) -> &'a [f64] {
+        match &self.columns[c] {
+            wit::Column::Float(v) => &v[self.range()],
+            _ => panic!("column {c} is not a float column"),
+        }
+    }
+    /// Column `c`, declared `Field::boolean`: 0 or 1 per row.
+    pub fn bools(&self, c: usize) -> &'a [u8] {
+        match &self.columns[c] {
+            wit::Column::Boolean(v) => &v[self.range()],
+            _ => panic!("column {c} is not a boolean column"),
+        }
+    }
+    /// Row `i` of column `c`, declared `Field::text`.
+    pub fn text(&self, c: usize, i: usize) -> &'a str {
+        match &self.columns[c] {
+            wit::Column::Text(p) => packed_str(p, self.start + i),
+            _ => panic!("column {c} is not a text column"),
+        }
+    }
+}
+
+/// Where `finish` writes its records.
+pub struct Output {
+    group: u32,
+    records: Vec<wit::Emitted>,
+}
+
+impl Output {
+    /// Emit one record; its value must serialize to a JSON object.
+    pub fn emit<T: Serialize + ?Sized>(&mut self, value: &T) {
+        let value = serde_json::to_string(value).expect("record serializes to JSON");
+        self.records.push(wit::Emitted {
+            group: self.group,
+            value,
+        });
+    }
+}
+
+fn packed_item(p: &wit::Packed, i: usize) -> &[u8] {
+    let start = if i == 0 { 0 } else { p.ends[i - 1] as usize };
+    &p.bytes[start..p.ends[i] as usize]
+}
+
+fn packed_str(p: &wit::Packed, i: usize) -> &str {
+    std::str::from_utf8(packed_item(p, i)).expect("host sends UTF-8 text")
+}

@@ -1,0 +1,231 @@
+//! The glue between the WIT exports and an [`Aggregate`]: decodes the packed batches,
+//! keeps the configured plugin for the instance's lifetime, encodes accumulators.
+//! Not part of the author-facing API (`export_plugin!` calls it).
+
+use crate::bindings::exports::km0::plugin::aggregate as exports;
+use crate::bindings::km0::plugin::types as wit;
+use crate::{packed_item, Aggregate, Config, Events, FieldType, Group, Output};
+use std::any::Any;
+use std::cell::RefCell;
+
+thread_local! {
+    static PLUGIN: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+fn with_plugin<T: Aggregate, R>(f: impl FnOnce(&T) -> Result<R, String>) -> Result<R, String> {
+    PLUGIN.with(|p| {
+        let p = p.borrow();
+        let plugin = p
+            .as_ref()
+            .and_then(|b| b.downcast_ref::<T>())
+            .ok_or_else(|| format!("{} was called before configure", T::NAME))?;
+        f(plugin)
+    })
+}
+
+pub fn info<T: Aggregate>(version: &str) -> exports::PluginInfo {
+    wit::PluginInfo {
+        name: T::NAME.to_string(),
+        version: version.to_string(),
+        state_schema: T::STATE_SCHEMA,
+        fields: T::FIELDS
+            .iter()
+            .map(|f| wit::Field {
+                name: f.name.to_string(),
+                type_: match f.ty {
+                    FieldType::Int => wit::FieldType::Int,
+                    FieldType::Float => wit::FieldType::Float,
+                    FieldType::Text => wit::FieldType::Text,
+                    FieldType::Boolean => wit::FieldType::Boolean,
+                },
+            })
+            .collect(),
+        ordered_input: T::ORDERED_INPUT,
+    }
+}
+
+pub fn configure<T: Aggregate>(config: Vec<(String, String)>) -> Result<(), String> {
+    let mut entries = Vec::with_capacity(config.len());
+    for (k, v) in config {
+        let value = serde_json::from_str(&v).map_err(|e| format!("config `{k}`: {e}"))?;
+        entries.push((k, value));
+    }
+    let plugin = T::configure(&Config { entries })?;
+    PLUGIN.with(|p| *p.borrow_mut() = Some(Box::new(plugin)));
+    Ok(())
+}
+
+pub fn create<T: Aggregate>() -> Vec<u8> {
+    encode_one(&T::Acc::default())
+}
+
+fn encode_one<A: serde::Serialize>(acc: &A) -> Vec<u8> {
+    postcard::to_allocvec(acc).expect("accumulator serializes")
+}
+
+fn encode_into<A: serde::Serialize>(acc: &A, out: &mut wit::Packed) -> Result<(), String> {
+    let bytes = std::mem::take(&mut out.bytes);
+    out.bytes = postcard::to_extend(acc, bytes).map_err(|e| format!("encode accumulator: {e}"))?;
+    out.ends.push(out.bytes.len() as u32);
+    Ok(())
+}
+
+fn packed_with_capacity(n: usize) -> wit::Packed {
+    wit::Packed {
+        bytes: Vec::with_capacity(n * 16),
+        ends: Vec::with_capacity(n),
+    }
+}
+
+fn check_groups(g: &wit::Groups) -> Result<usize, String> {
+    let n = g.window_start.len();
+    let arity = g.key_arity as usize;
+    if g.window_end.len() != n || g.accumulators.ends.len() != n || g.keys.ends.len() != n * arity {
+        return Err(format!(
+            "malformed groups: {n} windows, {} ends, {} accumulators, {} keys of arity {arity}",
+            g.window_end.len(),
+            g.accumulators.ends.len(),
+            g.keys.ends.len()
+        ));
+    }
+    Ok(n)
+}
+
+fn group_view(g: &wit::Groups, i: usize) -> Group<'_> {
+    let arity = g.key_arity as usize;
+    Group {
+        keys: &g.keys,
+        first_key: i * arity,
+        arity,
+        window_start: g.window_start[i],
+        window_end: g.window_end[i],
+    }
+}
+
+pub fn add<T: Aggregate>(groups: wit::Groups, events: wit::Events) -> Result<wit::Packed, String> {
+    with_plugin::<T, _>(|plugin| {
+        let n = check_groups(&groups)?;
+        if events.group_ends.len() != n {
+            return Err(format!(
+                "{} group ends for {n} groups",
+                events.group_ends.len()
+            ));
+        }
+        let mut out = packed_with_capacity(n);
+        let mut row = 0usize;
+        for i in 0..n {
+            let end = events.group_ends[i] as usize;
+            if end < row || end > events.event_time.len() {
+                return Err(format!(
+                    "group {i} ends at row {end}, outside {row}..{}",
+                    events.event_time.len()
+                ));
+            }
+            let mut acc: T::Acc = crate::decode(packed_item(&groups.accumulators, i))?;
+            let ev = Events {
+                times: &events.event_time[row..end],
+                columns: &events.columns,
+                start: row,
+            };
+            plugin.add(&mut acc, &group_view(&groups, i), &ev);
+            encode_into(&acc, &mut out)?;
+            row = end;
+        }
+        Ok(out)
+    })
+}
+
+pub fn merge<T: Aggregate>(left: wit::Packed, right: wit::Packed) -> Result<wit::Packed, String> {
+    with_plugin::<T, _>(|plugin| {
+        let n = left.ends.len();
+        if right.ends.len() != n {
+            return Err(format!(
+                "merge of {n} with {} accumulators",
+                right.ends.len()
+            ));
+        }
+        let mut out = packed_with_capacity(n);
+        for i in 0..n {
+            let mut acc: T::Acc = crate::decode(packed_item(&left, i))?;
+            plugin.merge(&mut acc, crate::decode(packed_item(&right, i))?);
+            encode_into(&acc, &mut out)?;
+        }
+        Ok(out)
+    })
+}
+
+pub fn finish<T: Aggregate>(groups: wit::Groups) -> Result<Vec<wit::Emitted>, String> {
+    with_plugin::<T, _>(|plugin| {
+        let n = check_groups(&groups)?;
+        let mut out = Output {
+            group: 0,
+            records: Vec::new(),
+        };
+        for i in 0..n {
+            let acc: T::Acc = crate::decode(packed_item(&groups.accumulators, i))?;
+            out.group = i as u32;
+            plugin.finish(&acc, &group_view(&groups, i), &mut out);
+        }
+        Ok(out.records)
+    })
+}
+
+pub fn migrate<T: Aggregate>(from_schema: u32, accs: wit::Packed) -> Result<wit::Packed, String> {
+    with_plugin::<T, _>(|plugin| {
+        let n = accs.ends.len();
+        let mut out = packed_with_capacity(n);
+        for i in 0..n {
+            let bytes = packed_item(&accs, i);
+            let acc = if from_schema == T::STATE_SCHEMA {
+                crate::decode::<T::Acc>(bytes)?
+            } else {
+                plugin.migrate(from_schema, bytes)?
+            };
+            encode_into(&acc, &mut out)?;
+        }
+        Ok(out)
+    })
+}
+
+/// Export an [`Aggregate`] as the km0 `aggregate-plugin` world.
+#[macro_export]
+macro_rules! export_plugin {
+    ($plugin:ty) => {
+        struct __Km0Export;
+        impl $crate::bindings::exports::km0::plugin::aggregate::Guest for __Km0Export {
+            fn info() -> $crate::bindings::km0::plugin::types::PluginInfo {
+                $crate::__rt::info::<$plugin>(env!("CARGO_PKG_VERSION"))
+            }
+            fn configure(config: Vec<(String, String)>) -> Result<(), String> {
+                $crate::__rt::configure::<$plugin>(config)
+            }
+            fn create() -> Vec<u8> {
+                $crate::__rt::create::<$plugin>()
+            }
+            fn add(
+                groups: $crate::bindings::km0::plugin::types::Groups,
+                events: $crate::bindings::km0::plugin::types::Events,
+            ) -> Result<$crate::bindings::km0::plugin::types::Packed, String> {
+                $crate::__rt::add::<$plugin>(groups, events)
+            }
+            fn merge(
+                left: $crate::bindings::km0::plugin::types::Packed,
+                right: $crate::bindings::km0::plugin::types::Packed,
+            ) -> Result<$crate::bindings::km0::plugin::types::Packed, String> {
+                $crate::__rt::merge::<$plugin>(left, right)
+            }
+            fn finish(
+                groups: $crate::bindings::km0::plugin::types::Groups,
+            ) -> Result<Vec<$crate::bindings::km0::plugin::types::Emitted>, String> {
+                $crate::__rt::finish::<$plugin>(groups)
+            }
+            fn migrate(
+                from_schema: u32,
+                accumulators: $crate::bindings::km0::plugin::types::Packed,
+            ) -> Result<$crate::bindings::km0::plugin::types::Packed, String> {
+                $crate::__rt::migrate::<$plugin>(from_schema, accumulators)
+            }
+        }
+        $crate::bindings::__export_aggregate!(__Km0Export with_types_in $crate::bindings);
+    };
+}

@@ -24,11 +24,7 @@ pub enum Error {
 
     /// The plugin refused or returned something the host cannot use.
     #[error("plugin {plugin} {call}: {message}")]
-    PluginCall {
-        plugin: String,
-        call: &'static str,
-        message: String,
-    },
+    PluginCall { plugin: String, call: &'static str, message: String },
 
     /// A savepoint is unreadable, corrupt or does not fit this job.
     #[error("savepoint {path}: {message}")]
@@ -45,10 +41,6 @@ pub enum Error {
 
 impl Error {
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            action,
-            path: path.into(),
-            source,
-        }
+        Error::Io { action, path: path.into(), source }
     }
 }

@@ -71,18 +71,8 @@ const PRODUCTS: &[&str] = &[
     "pera-lleida",
     "mermelada-higo",
 ];
-const MARKETS: &[&str] = &[
-    "girona",
-    "barcelona",
-    "lleida",
-    "tarragona",
-    "vic",
-    "figueres",
-    "reus",
-    "manresa",
-    "olot",
-    "sabadell",
-];
+const MARKETS: &[&str] =
+    &["girona", "barcelona", "lleida", "tarragona", "vic", "figueres", "reus", "manresa", "olot", "sabadell"];
 const REPLICAS: &[&str] = &["inv-bcn", "inv-vlc", "inv-gir"];
 
 /// SplitMix64: small, fast, good enough for test data.
@@ -120,9 +110,7 @@ fn name(list: &[&str], i: u32) -> String {
 /// Write the stream, one JSON object per line, in arrival order.
 pub fn stock_stream(spec: &StockStream, out: &mut impl Write) -> io::Result<Generated> {
     let mut rng = Rng::new(spec.seed);
-    let products: Vec<String> = (0..spec.products.max(1))
-        .map(|i| name(PRODUCTS, i))
-        .collect();
+    let products: Vec<String> = (0..spec.products.max(1)).map(|i| name(PRODUCTS, i)).collect();
     let markets: Vec<String> = (0..spec.markets.max(1)).map(|i| name(MARKETS, i)).collect();
     let n_keys = products.len() * markets.len();
     let mut stock: Vec<i64> = (0..n_keys).map(|_| 10 + rng.below(50) as i64).collect();

@@ -14,9 +14,9 @@ use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch};
 use crate::plugin::{packed_item, FieldType, Groups, Plugin, PluginRuntime};
 use crate::sink::{JsonlSink, SinkPosition};
 use crate::source::file::FileSource;
-use crate::source::json::{Projection, Scalar};
+use crate::source::json::{short_eq, Projection, Scalar};
 use crate::source::Position;
-use crate::state::{push_key_field, Closed, KeyTable, WindowState};
+use crate::state::{push_key_field, valid_key, Closed, KeyTable, WindowState};
 use crate::time::Watermark;
 use crate::window::{Assigner, Window};
 use crate::{metrics, Error, Result};
@@ -95,11 +95,7 @@ enum Upgrade {
 /// Run a pipeline (fresh, or resumed from `opts.from_savepoint`).
 pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<Summary> {
     let plugin = runtime.load(&pipeline.plugin.path, &pipeline.plugin.config)?;
-    let restore = opts
-        .from_savepoint
-        .as_deref()
-        .map(savepoint::read)
-        .transpose()?;
+    let restore = opts.from_savepoint.as_deref().map(savepoint::read).transpose()?;
     start(pipeline, opts, plugin, restore, Upgrade::Resume)
 }
 
@@ -112,18 +108,14 @@ pub fn deploy(
     opts: &RunOptions,
     runtime: &PluginRuntime,
 ) -> Result<Summary> {
-    let plugin = runtime
-        .load(plugin_path, &pipeline.plugin.config)
-        .map_err(|e| Error::Deploy(format!("{e}")))?;
+    let plugin =
+        runtime.load(plugin_path, &pipeline.plugin.config).map_err(|e| Error::Deploy(format!("{e}")))?;
     let restore = savepoint::read(from_savepoint)?;
     start(pipeline, opts, plugin, Some(restore), Upgrade::Deploy)
 }
 
 /// Check a pipeline and its plugin without running anything.
-pub fn validate(
-    pipeline: &Pipeline,
-    runtime: &PluginRuntime,
-) -> Result<crate::plugin::PluginIdentity> {
+pub fn validate(pipeline: &Pipeline, runtime: &PluginRuntime) -> Result<crate::plugin::PluginIdentity> {
     let plugin = runtime.load(&pipeline.plugin.path, &pipeline.plugin.config)?;
     Decoder::new(pipeline, &plugin)?;
     Ok(plugin.identity().clone())
@@ -141,47 +133,30 @@ fn start(
     if let Some(sp) = &restore {
         migrated = op.restore(pipeline, sp, upgrade)?;
     }
-    let sink_pos = |name: &str| {
-        restore
-            .as_ref()
-            .and_then(|sp| sp.meta.sinks.iter().find(|s| s.name == name).cloned())
-    };
+    let sink_pos =
+        |name: &str| restore.as_ref().and_then(|sp| sp.meta.sinks.iter().find(|s| s.name == name).cloned());
     let input = match (&opts.input, &pipeline.source) {
         (Some(p), _) => p.clone(),
         (None, SourceSpec::File { path }) => path.clone(),
     };
-    let resume_at = restore.as_ref().map(|sp| {
-        sp.meta
-            .source
-            .partitions
-            .first()
-            .cloned()
-            .ok_or_else(|| Error::Savepoint {
+    let resume_at =
+        restore.as_ref().map(|sp| {
+            sp.meta.source.partitions.first().cloned().ok_or_else(|| Error::Savepoint {
                 path: sp.path.clone(),
                 message: "no source position".into(),
             })
-    });
+        });
     let resume_at = resume_at.transpose()?;
     let mut source = FileSource::open(&input, resume_at.as_ref())?;
 
     // Sinks are opened only once everything above has been checked.
     op.output = Some(match (&opts.output, &pipeline.sink) {
         (Some(p), _) => JsonlSink::open("output", p, sink_pos("output").as_ref())?,
-        (None, SinkSpec::File { path }) => {
-            JsonlSink::open("output", path, sink_pos("output").as_ref())?
-        }
+        (None, SinkSpec::File { path }) => JsonlSink::open("output", path, sink_pos("output").as_ref())?,
         (None, SinkSpec::Stdout) => JsonlSink::stdout("output"),
     });
-    op.late = Some(JsonlSink::open(
-        "late",
-        &pipeline.late,
-        sink_pos("late").as_ref(),
-    )?);
-    op.dead = Some(JsonlSink::open(
-        "dead_letter",
-        &pipeline.dead_letter,
-        sink_pos("dead_letter").as_ref(),
-    )?);
+    op.late = Some(JsonlSink::open("late", &pipeline.late, sink_pos("late").as_ref())?);
+    op.dead = Some(JsonlSink::open("dead_letter", &pipeline.dead_letter, sink_pos("dead_letter").as_ref())?);
     op.source_name = input.display().to_string();
 
     tracing::info!(
@@ -210,10 +185,7 @@ fn start(
     op.flush()?;
     let mut savepoint_path = None;
     if stopped {
-        let dir = opts
-            .savepoint_dir
-            .clone()
-            .unwrap_or_else(|| pipeline.savepoints.clone());
+        let dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
         let path = dir.join(format!("savepoint-{:012}", source.records()));
         op.write_savepoint(pipeline, &path, &source)?;
         savepoint_path = Some(path);
@@ -277,11 +249,7 @@ impl Decoder {
             }
         };
         let time_slot = slot(&pipeline.event_time.field);
-        let filters = pipeline
-            .filter
-            .iter()
-            .map(|(k, v)| (slot(k), v.clone()))
-            .collect();
+        let filters = pipeline.filter.iter().map(|(k, v)| (slot(k), v.clone())).collect();
         let key_slots = pipeline.key.iter().map(|k| slot(k)).collect();
         let mut columns = Vec::new();
         for f in &plugin.info().fields {
@@ -305,14 +273,7 @@ impl Decoder {
                 message: format!("the job reads {} fields; at most {MAX_FIELDS}", names.len()),
             });
         }
-        Ok(Decoder {
-            projection: Projection::new(&names),
-            names,
-            time_slot,
-            filters,
-            key_slots,
-            columns,
-        })
+        Ok(Decoder { projection: Projection::new(&names), names, time_slot, filters, key_slots, columns })
     }
 
     fn missing(&self, slot: usize) -> Reject {
@@ -320,20 +281,22 @@ impl Decoder {
     }
 
     fn wrong(&self, slot: usize, want: &str, got: &Scalar) -> Reject {
-        Reject::Dead(format!(
-            "field `{}`: expected {want}, got {}",
-            self.names[slot],
-            got.kind()
-        ))
+        Reject::Dead(format!("field `{}`: expected {want}, got {}", self.names[slot], got.kind()))
     }
 
     /// Check the filter, event time and plugin fields; build the encoded key.
     #[inline]
     fn event_time(&self, slots: &[Option<Scalar>]) -> Result<i64, Reject> {
         for (slot, want) in &self.filters {
-            match slots[*slot].as_ref().and_then(|s| s.as_str()) {
-                Some(Ok(v)) if v == want.as_str() => {}
-                _ => return Err(Reject::Filtered),
+            let matches = match &slots[*slot] {
+                Some(Scalar::Str { raw, escaped: false }) => short_eq(raw, want.as_bytes()),
+                Some(s @ Scalar::Str { escaped: true, .. }) => {
+                    matches!(s.as_str(), Some(Ok(v)) if v == want.as_str())
+                }
+                _ => false,
+            };
+            if !matches {
+                return Err(Reject::Filtered);
             }
         }
         let t = self.time_slot;
@@ -354,17 +317,16 @@ impl Decoder {
         out.clear();
         for &k in &self.key_slots {
             match &slots[k] {
-                Some(s @ Scalar::Str { .. }) => match s.as_str() {
-                    Some(Ok(v)) => push_key_field(out, &v),
+                // UTF-8 is checked when a key is first seen (`valid_key`).
+                Some(Scalar::Str { raw, escaped: false }) => push_key_field(out, raw),
+                Some(s @ Scalar::Str { escaped: true, .. }) => match s.as_str() {
+                    Some(Ok(v)) => push_key_field(out, v.as_bytes()),
                     Some(Err(e)) => {
-                        return Err(Reject::Dead(format!(
-                            "field `{}`: {}",
-                            self.names[k], e.message
-                        )))
+                        return Err(Reject::Dead(format!("field `{}`: {}", self.names[k], e.message)))
                     }
                     None => unreachable!("a Str scalar is a string"),
                 },
-                Some(Scalar::Int(i)) => push_key_field(out, &i.to_string()),
+                Some(Scalar::Int(i)) => push_key_field(out, i.to_string().as_bytes()),
                 Some(other) => return Err(self.wrong(k, "a string", other)),
                 None => return Err(self.missing(k)),
             }
@@ -393,10 +355,7 @@ impl Decoder {
                 (Role::Boolean, _) => return Err(self.wrong(slot, "a boolean", v)),
                 (Role::Text, Scalar::Str { .. }) => {
                     if let Some(Err(e)) = v.as_str() {
-                        return Err(Reject::Dead(format!(
-                            "field `{}`: {}",
-                            self.names[slot], e.message
-                        )));
+                        return Err(Reject::Dead(format!("field `{}`: {}", self.names[slot], e.message)));
                     }
                 }
                 (Role::Text, _) => return Err(self.wrong(slot, "a string", v)),
@@ -525,13 +484,20 @@ impl Operator {
             }
             Err(Reject::Dead(reason)) => return self.dead_letter(&reason, record, pos),
         };
+        let known = self.keys.get(&self.key_buf);
+        if known.is_none() && !valid_key(&self.key_buf) {
+            return self.dead_letter("a key field is not valid UTF-8", record, pos);
+        }
         let window = self.assigner.assign(t);
         let wm = self.watermark.current();
         if window.end <= wm {
             return self.late_event(t, wm, window, record, pos);
         }
         self.counters.accepted += 1;
-        let key = self.keys.intern(&self.key_buf);
+        let key = match known {
+            Some(id) => id,
+            None => self.keys.insert(&self.key_buf),
+        };
         self.batch.push_row(key, window, t);
         self.decoder.stage_columns(slots, &mut self.batch);
         self.staged_min_end = self.staged_min_end.min(window.end);
@@ -556,19 +522,10 @@ impl Operator {
         self.line_buf.clear();
         serde_json::to_writer(&mut self.line_buf, &d)
             .map_err(|e| Error::Usage(format!("encode dead letter: {e}")))?;
-        self.dead
-            .as_mut()
-            .map_or(Ok(()), |s| s.write_line(&self.line_buf))
+        self.dead.as_mut().map_or(Ok(()), |s| s.write_line(&self.line_buf))
     }
 
-    fn late_event(
-        &mut self,
-        t: i64,
-        wm: i64,
-        window: Window,
-        record: &[u8],
-        pos: Position,
-    ) -> Result<()> {
+    fn late_event(&mut self, t: i64, wm: i64, window: Window, record: &[u8], pos: Position) -> Result<()> {
         self.counters.late += 1;
         let l = LateEvent {
             reason: "late: its window already fired",
@@ -584,9 +541,7 @@ impl Operator {
         self.line_buf.clear();
         serde_json::to_writer(&mut self.line_buf, &l)
             .map_err(|e| Error::Usage(format!("encode late event: {e}")))?;
-        self.late
-            .as_mut()
-            .map_or(Ok(()), |s| s.write_line(&self.line_buf))
+        self.late.as_mut().map_or(Ok(()), |s| s.write_line(&self.line_buf))
     }
 
     /// Hand the staged rows to the plugin.
@@ -611,7 +566,7 @@ impl Operator {
     }
 
     /// Ask the plugin for the results of closed windows and write them, in a
-    /// deterministic order: by window end, start, then key.
+    /// deterministic order: by window end, start, then key fields.
     fn emit(&mut self, mut closed: Vec<Closed>) -> Result<()> {
         if closed.is_empty() {
             return Ok(());
@@ -620,7 +575,7 @@ impl Operator {
         closed.sort_by(|a, b| {
             (a.window.end, a.window.start)
                 .cmp(&(b.window.end, b.window.start))
-                .then_with(|| keys.encoded(a.key).cmp(keys.encoded(b.key)))
+                .then_with(|| keys.fields(a.key).cmp(keys.fields(b.key)))
         });
         for chunk in closed.chunks(self.batch_size) {
             fill_groups(
@@ -645,9 +600,7 @@ impl Operator {
             message: m,
         };
         if !value.trim_start().starts_with('{') {
-            return Err(bad(format!(
-                "emitted a value that is not a JSON object: {value:.200}"
-            )));
+            return Err(bad(format!("emitted a value that is not a JSON object: {value:.200}")));
         }
         let mut k = window.start.to_string();
         for f in self.keys.fields(key) {
@@ -670,17 +623,12 @@ impl Operator {
         }
         self.line_buf.push(b'}');
         self.counters.emitted += 1;
-        self.output
-            .as_mut()
-            .map_or(Ok(()), |s| s.write_line(&self.line_buf))
+        self.output.as_mut().map_or(Ok(()), |s| s.write_line(&self.line_buf))
     }
 
     fn commit_sinks(&mut self) -> Result<Vec<SinkPosition>> {
         let mut out = Vec::new();
-        for s in [&mut self.output, &mut self.late, &mut self.dead]
-            .into_iter()
-            .flatten()
-        {
+        for s in [&mut self.output, &mut self.late, &mut self.dead].into_iter().flatten() {
             out.extend(s.commit()?);
         }
         Ok(out)
@@ -695,17 +643,11 @@ impl Operator {
     ) -> Result<Option<(u32, u32)>> {
         let refuse = |m: String| match upgrade {
             Upgrade::Deploy => Error::Deploy(m),
-            Upgrade::Resume => Error::Savepoint {
-                path: sp.path.clone(),
-                message: m,
-            },
+            Upgrade::Resume => Error::Savepoint { path: sp.path.clone(), message: m },
         };
         let meta = &sp.meta;
         if meta.operator != OPERATOR_ID {
-            return Err(refuse(format!(
-                "holds operator {:?}, this job runs {OPERATOR_ID:?}",
-                meta.operator
-            )));
+            return Err(refuse(format!("holds operator {:?}, this job runs {OPERATOR_ID:?}", meta.operator)));
         }
         if meta.pipeline.fingerprint != pipeline.state_fingerprint() {
             return Err(refuse(format!(
@@ -722,11 +664,7 @@ impl Operator {
                 old.name, new.name
             )));
         }
-        if let Some(bad) = sp
-            .windows
-            .iter()
-            .find(|w| w.key.len() != pipeline.key.len())
-        {
+        if let Some(bad) = sp.windows.iter().find(|w| w.key.len() != pipeline.key.len()) {
             return Err(refuse(format!(
                 "window key {:?} does not have {} fields",
                 bad.key,
@@ -772,7 +710,7 @@ impl Operator {
         for (w, acc) in sp.windows.iter().zip(&accs) {
             key.clear();
             for f in &w.key {
-                push_key_field(&mut key, f);
+                push_key_field(&mut key, f.as_bytes());
             }
             let id = self.keys.intern(&key);
             self.state.put(id, w.window, acc);
@@ -786,12 +724,7 @@ impl Operator {
         Ok(migrated)
     }
 
-    fn write_savepoint(
-        &mut self,
-        pipeline: &Pipeline,
-        path: &Path,
-        source: &FileSource,
-    ) -> Result<()> {
+    fn write_savepoint(&mut self, pipeline: &Pipeline, path: &Path, source: &FileSource) -> Result<()> {
         let sinks = self.commit_sinks()?;
         let meta = SavepointMeta {
             format: savepoint::FORMAT.into(),
@@ -811,20 +744,13 @@ impl Operator {
             },
             counters: self.counters.clone(),
             sinks,
-            state: StateFile {
-                file: String::new(),
-                windows: 0,
-                bytes: 0,
-                sha256: String::new(),
-            },
+            state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
         };
         let keys = &self.keys;
         savepoint::write(
             path,
             meta,
-            self.state
-                .iter()
-                .map(|(k, w, acc)| (keys.fields(k).collect(), w, acc)),
+            self.state.iter().map(|(k, w, acc)| (keys.fields(k).collect(), w, acc)),
         )?;
         tracing::info!(path = %path.display(), windows = self.state.len(), "savepoint written");
         Ok(())

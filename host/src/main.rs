@@ -8,11 +8,7 @@ use km0::plugin::PluginRuntime;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(
-    name = "km0",
-    version,
-    about = "Event-time stream processing with WebAssembly plugins"
-)]
+#[command(name = "km0", version, about = "Event-time stream processing with WebAssembly plugins")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -68,6 +64,13 @@ enum Command {
         late_fraction: f64,
         #[arg(long, default_value_t = 0.0)]
         bad_fraction: f64,
+        #[arg(long, default_value_t = 50)]
+        products: u32,
+        #[arg(long, default_value_t = 20)]
+        markets: u32,
+        /// Event-time gap between consecutive events, ms.
+        #[arg(long, default_value_t = 20)]
+        gap_ms: i64,
         #[arg(long, short)]
         out: PathBuf,
     },
@@ -114,11 +117,7 @@ fn load(path: &PathBuf) -> Result<Pipeline> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run {
-            pipeline,
-            from_savepoint,
-            args,
-        } => {
+        Command::Run { pipeline, from_savepoint, args } => {
             let p = load(&pipeline)?;
             let runtime = PluginRuntime::new()?;
             let summary = job::run(&p, &options(args, from_savepoint), &runtime)?;
@@ -132,16 +131,10 @@ fn run(cli: Cli) -> Result<()> {
                 p.name, id.name, id.version, id.state_schema, id.contract, id.sha256
             );
         }
-        Command::Deploy {
-            plugin,
-            from_savepoint,
-            pipeline,
-            args,
-        } => {
+        Command::Deploy { plugin, from_savepoint, pipeline, args } => {
             let p = load(&pipeline)?;
             let runtime = PluginRuntime::new()?;
-            let summary =
-                job::deploy(&p, &plugin, &from_savepoint, &options(args, None), &runtime)?;
+            let summary = job::deploy(&p, &plugin, &from_savepoint, &options(args, None), &runtime)?;
             if let Some((from, to)) = summary.migrated {
                 eprintln!(
                     "km0: migrated state schema {from} -> {to} with {} {}",
@@ -150,22 +143,18 @@ fn run(cli: Cli) -> Result<()> {
             }
             print_summary(&summary);
         }
-        Command::Generate {
-            events,
-            seed,
-            late_fraction,
-            bad_fraction,
-            out,
-        } => {
+        Command::Generate { events, seed, late_fraction, bad_fraction, products, markets, gap_ms, out } => {
             let spec = km0::generate::StockStream {
                 events,
                 seed,
                 late_fraction,
                 bad_fraction,
+                products,
+                markets,
+                gap_ms,
                 ..Default::default()
             };
-            let mut f =
-                std::fs::File::create(&out).with_context(|| format!("create {}", out.display()))?;
+            let mut f = std::fs::File::create(&out).with_context(|| format!("create {}", out.display()))?;
             let g = km0::generate::stock_stream(&spec, &mut f)
                 .with_context(|| format!("write {}", out.display()))?;
             eprintln!(
@@ -177,12 +166,7 @@ fn run(cli: Cli) -> Result<()> {
                 g.bad
             );
         }
-        Command::Bench {
-            pipeline,
-            events,
-            input,
-            repeat,
-        } => bench(&pipeline, events, input, repeat)?,
+        Command::Bench { pipeline, events, input, repeat } => bench(&pipeline, events, input, repeat)?,
     }
     Ok(())
 }
@@ -204,11 +188,7 @@ fn print_summary(s: &Summary) {
         );
     }
     if let Some(sp) = &s.savepoint {
-        eprintln!(
-            "km0: stopped with savepoint {} ({} open windows)",
-            sp.display(),
-            s.open_windows
-        );
+        eprintln!("km0: stopped with savepoint {} ({} open windows)", sp.display(), s.open_windows);
         println!("{}", sp.display());
     }
 }
@@ -221,10 +201,7 @@ fn bench(pipeline: &PathBuf, events: u64, input: Option<PathBuf>, repeat: u32) -
         Some(i) => i,
         None => {
             let path = tmp.join("stock.jsonl");
-            let spec = km0::generate::StockStream {
-                events,
-                ..Default::default()
-            };
+            let spec = km0::generate::StockStream { events, ..Default::default() };
             let mut f = std::fs::File::create(&path)?;
             km0::generate::stock_stream(&spec, &mut f)?;
             path

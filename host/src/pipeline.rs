@@ -144,9 +144,7 @@ fn duration_ms<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     }
     match Raw::deserialize(d)? {
         Raw::Ms(ms) if ms >= 0 => Ok(ms),
-        Raw::Ms(ms) => Err(serde::de::Error::custom(format!(
-            "duration {ms} is negative"
-        ))),
+        Raw::Ms(ms) => Err(serde::de::Error::custom(format!("duration {ms} is negative"))),
         Raw::Text(s) => parse_duration_ms(&s).map_err(serde::de::Error::custom),
     }
 }
@@ -163,30 +161,21 @@ pub fn parse_duration_ms(s: &str) -> Result<i64, String> {
         "s" => 1_000,
         "m" | "min" => 60_000,
         "h" => 3_600_000,
-        other => {
-            return Err(format!(
-                "duration {s:?}: unknown unit {other:?} (ms, s, m, h)"
-            ))
-        }
+        other => return Err(format!("duration {s:?}: unknown unit {other:?} (ms, s, m, h)")),
     };
-    n.checked_mul(factor)
-        .ok_or_else(|| format!("duration {s:?} is too large"))
+    n.checked_mul(factor).ok_or_else(|| format!("duration {s:?} is too large"))
 }
 
 impl Pipeline {
     /// Read and validate a pipeline file.
     pub fn load(path: &Path) -> Result<Pipeline> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| Error::io("read pipeline", path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("read pipeline", path, e))?;
         Self::parse(&text, path)
     }
 
     /// Parse pipeline text; `path` locates relative paths and names the file in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Pipeline> {
-        let err = |message: String| Error::Pipeline {
-            path: path.to_path_buf(),
-            message,
-        };
+        let err = |message: String| Error::Pipeline { path: path.to_path_buf(), message };
         let raw: RawPipeline = toml::from_str(text).map_err(|e| err(e.to_string()))?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         let resolve = |p: &str| -> PathBuf {
@@ -203,12 +192,7 @@ impl Pipeline {
         if raw.key.is_empty() {
             return Err(err("`key` needs at least one field".into()));
         }
-        if let Some(dup) = raw
-            .key
-            .iter()
-            .enumerate()
-            .find(|(i, k)| raw.key[..*i].contains(k))
-        {
+        if let Some(dup) = raw.key.iter().enumerate().find(|(i, k)| raw.key[..*i].contains(k)) {
             return Err(err(format!("`key` names field {:?} twice", dup.1)));
         }
         if raw.event_time.field.is_empty() {
@@ -224,25 +208,17 @@ impl Pipeline {
         }
         let mut config = Vec::new();
         for (k, v) in raw.plugin.config {
-            let json =
-                serde_json::to_string(&v).map_err(|e| err(format!("`plugin.config.{k}`: {e}")))?;
+            let json = serde_json::to_string(&v).map_err(|e| err(format!("`plugin.config.{k}`: {e}")))?;
             config.push((k, json));
         }
         let source = match raw.source {
-            RawSource::File { path } => SourceSpec::File {
-                path: resolve(&path),
-            },
+            RawSource::File { path } => SourceSpec::File { path: resolve(&path) },
         };
         let sink = match raw.sink {
-            RawSink::File { path } => SinkSpec::File {
-                path: resolve(&path),
-            },
+            RawSink::File { path } => SinkSpec::File { path: resolve(&path) },
             RawSink::Stdout => SinkSpec::Stdout,
         };
-        let savepoints = raw
-            .savepoints
-            .map(|d| resolve(&d.dir))
-            .unwrap_or_else(|| base.join("savepoints"));
+        let savepoints = raw.savepoints.map(|d| resolve(&d.dir)).unwrap_or_else(|| base.join("savepoints"));
 
         Ok(Pipeline {
             file: path.to_path_buf(),
@@ -255,11 +231,7 @@ impl Pipeline {
                 watermark_delay_ms: raw.event_time.watermark_delay,
             },
             window,
-            plugin: PluginSpec {
-                path: resolve(&raw.plugin.path),
-                config,
-                batch_size,
-            },
+            plugin: PluginSpec { path: resolve(&raw.plugin.path), config, batch_size },
             sink,
             late: resolve(&raw.late.path),
             dead_letter: resolve(&raw.dead_letter.path),
@@ -284,12 +256,10 @@ impl Pipeline {
 /// Lower-case hex of a digest.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
 }
 
 #[cfg(test)]
@@ -329,32 +299,20 @@ path = "out/dead.jsonl"
         assert_eq!(p.event_time.watermark_delay_ms, 120_000);
         assert_eq!(p.window, WindowSpec::Tumbling { size_ms: 300_000 });
         assert_eq!(p.plugin.path, PathBuf::from("/jobs/stock/min-stock.wasm"));
-        assert_eq!(
-            p.plugin.config,
-            vec![("threshold".to_string(), "10".to_string())]
-        );
+        assert_eq!(p.plugin.config, vec![("threshold".to_string(), "10".to_string())]);
         assert_eq!(p.savepoints, PathBuf::from("/jobs/stock/savepoints"));
     }
 
     #[test]
     fn unknown_and_mistyped_fields_are_named() {
         let bad = GOOD.replace("[window]", "[window]\nsizee = 3");
-        let e = Pipeline::parse(&bad, Path::new("p.toml"))
-            .unwrap_err()
-            .to_string();
+        let e = Pipeline::parse(&bad, Path::new("p.toml")).unwrap_err().to_string();
         assert!(e.contains("sizee"), "{e}");
-        let bad = GOOD.replace(
-            "watermark_delay = \"2m\"",
-            "watermark_delay = \"2 fortnights\"",
-        );
-        let e = Pipeline::parse(&bad, Path::new("p.toml"))
-            .unwrap_err()
-            .to_string();
+        let bad = GOOD.replace("watermark_delay = \"2m\"", "watermark_delay = \"2 fortnights\"");
+        let e = Pipeline::parse(&bad, Path::new("p.toml")).unwrap_err().to_string();
         assert!(e.contains("fortnights"), "{e}");
         let bad = GOOD.replace("key = [\"producto\", \"mercado\"]", "key = \"producto\"");
-        let e = Pipeline::parse(&bad, Path::new("p.toml"))
-            .unwrap_err()
-            .to_string();
+        let e = Pipeline::parse(&bad, Path::new("p.toml")).unwrap_err().to_string();
         assert!(e.contains("key"), "{e}");
     }
 

@@ -90,10 +90,7 @@ pub struct Savepoint {
 }
 
 fn corrupt(path: &Path, message: impl Into<String>) -> Error {
-    Error::Savepoint {
-        path: path.to_path_buf(),
-        message: message.into(),
-    }
+    Error::Savepoint { path: path.to_path_buf(), message: message.into() }
 }
 
 /// Write a savepoint into the new folder `dir`. `meta.state` is filled in here.
@@ -103,20 +100,12 @@ pub fn write<'a>(
     windows: impl Iterator<Item = (Vec<&'a str>, Window, &'a [u8])>,
 ) -> Result<SavepointMeta> {
     if dir.exists() {
-        return Err(corrupt(
-            dir,
-            "already exists; savepoints are never overwritten",
-        ));
+        return Err(corrupt(dir, "already exists; savepoints are never overwritten"));
     }
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| Error::io("create folder", parent, e))?;
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "savepoint".into());
+    let name =
+        dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "savepoint".into());
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create folder", &tmp, e))?;
@@ -146,35 +135,29 @@ pub fn write<'a>(
         bytes: state.len() as u64,
         sha256: state_sha.clone(),
     };
-    let meta_json = serde_json::to_vec_pretty(&meta)
-        .map_err(|e| corrupt(dir, format!("encode metadata: {e}")))?;
+    let meta_json =
+        serde_json::to_vec_pretty(&meta).map_err(|e| corrupt(dir, format!("encode metadata: {e}")))?;
     let meta_sha = hex(&Sha256::digest(&meta_json));
 
     write_synced(&tmp.join(STATE), &state)?;
     write_synced(&tmp.join(META), &meta_json)?;
-    write_synced(
-        &tmp.join(CHECKSUM),
-        format!("{meta_sha}  {META}\n{state_sha}  {STATE}\n").as_bytes(),
-    )?;
+    write_synced(&tmp.join(CHECKSUM), format!("{meta_sha}  {META}\n{state_sha}  {STATE}\n").as_bytes())?;
     std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename savepoint into", dir, e))?;
     Ok(meta)
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = std::fs::File::create(path).map_err(|e| Error::io("create", path, e))?;
-    f.write_all(bytes)
-        .map_err(|e| Error::io("write", path, e))?;
+    f.write_all(bytes).map_err(|e| Error::io("write", path, e))?;
     f.sync_all().map_err(|e| Error::io("sync", path, e))
 }
 
 /// Read and verify a savepoint folder.
 pub fn read(dir: &Path) -> Result<Savepoint> {
     let read = |name: &str| {
-        std::fs::read(dir.join(name))
-            .map_err(|e| Error::io("read savepoint file", dir.join(name), e))
+        std::fs::read(dir.join(name)).map_err(|e| Error::io("read savepoint file", dir.join(name), e))
     };
-    let checksum =
-        String::from_utf8(read(CHECKSUM)?).map_err(|_| corrupt(dir, "CHECKSUM is not text"))?;
+    let checksum = String::from_utf8(read(CHECKSUM)?).map_err(|_| corrupt(dir, "CHECKSUM is not text"))?;
     let meta_bytes = read(META)?;
     let state = read(STATE)?;
     let mut expected = std::collections::HashMap::new();
@@ -201,21 +184,14 @@ pub fn read(dir: &Path) -> Result<Savepoint> {
     if meta.format != FORMAT || meta.format_version != FORMAT_VERSION {
         return Err(corrupt(
             dir,
-            format!(
-                "format {} v{} is not {FORMAT} v{FORMAT_VERSION}",
-                meta.format, meta.format_version
-            ),
+            format!("format {} v{} is not {FORMAT} v{FORMAT_VERSION}", meta.format, meta.format_version),
         ));
     }
     let windows = decode_state(&state).map_err(|m| corrupt(dir, format!("{STATE}: {m}")))?;
     if windows.len() as u64 != meta.state.windows {
         return Err(corrupt(dir, "window count differs from the metadata"));
     }
-    Ok(Savepoint {
-        path: dir.to_path_buf(),
-        meta,
-        windows,
-    })
+    Ok(Savepoint { path: dir.to_path_buf(), meta, windows })
 }
 
 fn decode_state(b: &[u8]) -> Result<Vec<WindowEntry>, String> {
@@ -230,19 +206,13 @@ fn decode_state(b: &[u8]) -> Result<Vec<WindowEntry>, String> {
             Ok(a)
         }
         fn u32(&mut self) -> Result<u32, String> {
-            Ok(u32::from_le_bytes(
-                self.take(4)?.try_into().map_err(|_| "truncated")?,
-            ))
+            Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| "truncated")?))
         }
         fn u64(&mut self) -> Result<u64, String> {
-            Ok(u64::from_le_bytes(
-                self.take(8)?.try_into().map_err(|_| "truncated")?,
-            ))
+            Ok(u64::from_le_bytes(self.take(8)?.try_into().map_err(|_| "truncated")?))
         }
         fn i64(&mut self) -> Result<i64, String> {
-            Ok(i64::from_le_bytes(
-                self.take(8)?.try_into().map_err(|_| "truncated")?,
-            ))
+            Ok(i64::from_le_bytes(self.take(8)?.try_into().map_err(|_| "truncated")?))
         }
     }
     let mut r = R(b);
@@ -267,11 +237,7 @@ fn decode_state(b: &[u8]) -> Result<Vec<WindowEntry>, String> {
         let end = r.i64()?;
         let len = r.u32()? as usize;
         let acc = r.take(len)?.to_vec();
-        out.push(WindowEntry {
-            key,
-            window: Window { start, end },
-            acc,
-        });
+        out.push(WindowEntry { key, window: Window { start, end }, acc });
     }
     if !r.0.is_empty() {
         return Err("bytes after the last window".into());

@@ -40,10 +40,7 @@ impl Batch {
             .map(|t| match t {
                 FieldType::Int => Staged::Int(Vec::new()),
                 FieldType::Float => Staged::Float(Vec::new()),
-                FieldType::Text => Staged::Text {
-                    bytes: Vec::new(),
-                    ends: Vec::new(),
-                },
+                FieldType::Text => Staged::Text { bytes: Vec::new(), ends: Vec::new() },
                 FieldType::Boolean => Staged::Bool(Vec::new()),
             })
             .collect();
@@ -66,11 +63,7 @@ impl Batch {
             counts: Vec::new(),
             order: Vec::new(),
             groups: empty_groups(key_arity as u32),
-            events: Events {
-                group_ends: Vec::new(),
-                event_time: Vec::new(),
-                columns,
-            },
+            events: Events { group_ends: Vec::new(), event_time: Vec::new(), columns },
         }
     }
 
@@ -163,9 +156,7 @@ impl Batch {
         // Gather every column in call order.
         let order = &self.order;
         self.events.event_time.clear();
-        self.events
-            .event_time
-            .extend(order.iter().map(|&r| self.row_time[r as usize]));
+        self.events.event_time.extend(order.iter().map(|&r| self.row_time[r as usize]));
         for (staged, column) in self.staged.iter_mut().zip(self.events.columns.iter_mut()) {
             match (staged, column) {
                 (Staged::Int(src), Column::Int(dst)) => {
@@ -198,11 +189,7 @@ impl Batch {
         }
 
         let groups = std::mem::take(&mut self.group_list);
-        fill_groups(
-            &mut self.groups,
-            keys,
-            groups.iter().map(|&(k, w)| (k, w, state.get(k, w.start))),
-        );
+        fill_groups(&mut self.groups, keys, groups.iter().map(|&(k, w)| (k, w, state.get(k, w.start))));
         self.index.clear();
         self.row_group.clear();
         self.row_time.clear();
@@ -258,21 +245,16 @@ mod tests {
     fn rows_are_grouped_stably_and_sorted_when_ordered() {
         let mut keys = KeyTable::default();
         let mut k = Vec::new();
-        push_key_field(&mut k, "a");
+        push_key_field(&mut k, b"a");
         let a = keys.intern(&k);
         k.clear();
-        push_key_field(&mut k, "b");
+        push_key_field(&mut k, b"b");
         let b = keys.intern(&k);
         let w = Window { start: 0, end: 10 };
         let state = WindowState::default();
         for ordered in [false, true] {
             let mut batch = Batch::new(&[FieldType::Int, FieldType::Text], 1, ordered);
-            for (key, t, v, s) in [
-                (a, 5, 1, "x"),
-                (b, 3, 2, "y"),
-                (a, 2, 3, "zz"),
-                (b, 1, 4, ""),
-            ] {
+            for (key, t, v, s) in [(a, 5, 1, "x"), (b, 3, 2, "y"), (a, 2, 3, "zz"), (b, 1, 4, "")] {
                 batch.push_row(key, w, t);
                 batch.push_int(0, v);
                 batch.push_text(1, s);
@@ -280,12 +262,8 @@ mod tests {
             let groups = batch.assemble(&keys, &state);
             assert_eq!(groups, vec![(a, w), (b, w)]);
             assert_eq!(batch.events.group_ends, vec![2, 4]);
-            let Column::Int(ints) = &batch.events.columns[0] else {
-                panic!()
-            };
-            let Column::Text(texts) = &batch.events.columns[1] else {
-                panic!()
-            };
+            let Column::Int(ints) = &batch.events.columns[0] else { panic!() };
+            let Column::Text(texts) = &batch.events.columns[1] else { panic!() };
             if ordered {
                 assert_eq!(batch.events.event_time, vec![2, 5, 1, 3]);
                 assert_eq!(ints, &vec![3, 1, 4, 2]);

@@ -51,10 +51,7 @@ struct GuestState {
 
 impl WasiView for GuestState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 
@@ -70,8 +67,7 @@ impl PluginRuntime {
         config.wasm_component_model(true);
         // Concurrency support makes every call ~3.5x dearer; plugins are synchronous.
         config.concurrency_support(false);
-        let engine =
-            Engine::new(&config).map_err(|e| runtime_error(format!("wasmtime engine: {e:#}")))?;
+        let engine = Engine::new(&config).map_err(|e| runtime_error(format!("wasmtime engine: {e:#}")))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| runtime_error(format!("linking WASI: {e:#}")))?;
@@ -84,16 +80,8 @@ impl PluginRuntime {
         self.load_bytes(&path.display().to_string(), &bytes, config)
     }
 
-    pub fn load_bytes(
-        &self,
-        label: &str,
-        bytes: &[u8],
-        config: &[(String, String)],
-    ) -> Result<Plugin> {
-        let fail = |message: String| Error::Plugin {
-            plugin: label.to_string(),
-            message,
-        };
+    pub fn load_bytes(&self, label: &str, bytes: &[u8], config: &[(String, String)]) -> Result<Plugin> {
+        let fail = |message: String| Error::Plugin { plugin: label.to_string(), message };
         let component = Component::new(&self.engine, bytes)
             .map_err(|e| fail(format!("not a WebAssembly component: {e:#}")))?;
         let mut store = Store::new(&self.engine, sandbox());
@@ -103,9 +91,7 @@ impl PluginRuntime {
             ))
         })?;
         let api = instance.km0_plugin_aggregate();
-        let info = api
-            .call_info(&mut store)
-            .map_err(|e| fail(format!("info trapped: {e:#}")))?;
+        let info = api.call_info(&mut store).map_err(|e| fail(format!("info trapped: {e:#}")))?;
         api.call_configure(&mut store, config)
             .map_err(|e| fail(format!("configure trapped: {e:#}")))?
             .map_err(|reason| fail(format!("refused its configuration: {reason}")))?;
@@ -116,37 +102,22 @@ impl PluginRuntime {
             sha256: hex(&Sha256::digest(bytes)),
             contract: CONTRACT_VERSION.into(),
         };
-        Ok(Plugin {
-            store,
-            instance,
-            info,
-            identity,
-        })
+        Ok(Plugin { store, instance, info, identity })
     }
 }
 
 fn runtime_error(message: String) -> Error {
-    Error::Plugin {
-        plugin: "runtime".into(),
-        message,
-    }
+    Error::Plugin { plugin: "runtime".into(), message }
 }
 
 /// A WASI context with nothing in it.
 fn sandbox() -> GuestState {
     let mut b = WasiCtxBuilder::new();
     // Fixed randomness: guests' hash maps and the like behave the same on every replay.
-    b.secure_random(wasmtime_wasi::random::Deterministic::new(vec![
-        0x6b, 0x6d, 0x30, 0x21,
-    ]));
-    b.insecure_random(wasmtime_wasi::random::Deterministic::new(vec![
-        0x30, 0x6d, 0x6b, 0x21,
-    ]));
+    b.secure_random(wasmtime_wasi::random::Deterministic::new(vec![0x6b, 0x6d, 0x30, 0x21]));
+    b.insecure_random(wasmtime_wasi::random::Deterministic::new(vec![0x30, 0x6d, 0x6b, 0x21]));
     b.insecure_random_seed(0x6b6d30);
-    GuestState {
-        wasi: b.build(),
-        table: ResourceTable::new(),
-    }
+    GuestState { wasi: b.build(), table: ResourceTable::new() }
 }
 
 /// A configured plugin instance.
@@ -210,9 +181,7 @@ impl Plugin {
             .map_err(|e| self.call_error("finish", format!("trapped: {e:#}")))?
             .map_err(|reason| self.call_error("finish", reason))?;
         if let Some(bad) = out.iter().find(|e| e.group as usize >= n) {
-            return Err(
-                self.call_error("finish", format!("emitted for group {} of {n}", bad.group))
-            );
+            return Err(self.call_error("finish", format!("emitted for group {} of {n}", bad.group)));
         }
         Ok(out)
     }
@@ -232,10 +201,9 @@ impl Plugin {
 
     fn check_packed(&self, call: &'static str, p: &Packed, n: usize) -> Result<()> {
         if p.ends.len() != n {
-            return Err(self.call_error(
-                call,
-                format!("returned {} accumulators for {n} groups", p.ends.len()),
-            ));
+            return Err(
+                self.call_error(call, format!("returned {} accumulators for {n} groups", p.ends.len()))
+            );
         }
         let mut prev = 0u32;
         for &e in &p.ends {
@@ -268,8 +236,5 @@ pub fn packed_clear(p: &mut Packed) {
 }
 
 pub fn empty_packed() -> Packed {
-    Packed {
-        bytes: Vec::new(),
-        ends: Vec::new(),
-    }
+    Packed { bytes: Vec::new(), ends: Vec::new() }
 }

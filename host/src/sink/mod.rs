@@ -38,10 +38,7 @@ impl JsonlSink {
         let f = File::create(path).map_err(|e| Error::io("create", path, e))?;
         Ok(JsonlSink {
             name,
-            target: Target::File {
-                path: path.into(),
-                w: BufWriter::with_capacity(1 << 20, f),
-            },
+            target: Target::File { path: path.into(), w: BufWriter::with_capacity(1 << 20, f) },
             written: 0,
         })
     }
@@ -62,27 +59,18 @@ impl JsonlSink {
                 path.display()
             )));
         }
-        f.set_len(committed)
-            .map_err(|e| Error::io("truncate", path, e))?;
-        f.seek(SeekFrom::Start(committed))
-            .map_err(|e| Error::io("seek", path, e))?;
+        f.set_len(committed).map_err(|e| Error::io("truncate", path, e))?;
+        f.seek(SeekFrom::Start(committed)).map_err(|e| Error::io("seek", path, e))?;
         Ok(JsonlSink {
             name,
-            target: Target::File {
-                path: path.into(),
-                w: BufWriter::with_capacity(1 << 20, f),
-            },
+            target: Target::File { path: path.into(), w: BufWriter::with_capacity(1 << 20, f) },
             written: committed,
         })
     }
 
     /// Open for a run: resume at the savepoint's position when it names the same file,
     /// start a new file otherwise.
-    pub fn open(
-        name: &'static str,
-        path: &Path,
-        resume_from: Option<&SinkPosition>,
-    ) -> Result<JsonlSink> {
+    pub fn open(name: &'static str, path: &Path, resume_from: Option<&SinkPosition>) -> Result<JsonlSink> {
         match resume_from {
             Some(p) if p.path == path => Self::resume(name, path, p.committed_bytes),
             _ => Self::create(name, path),
@@ -90,11 +78,7 @@ impl JsonlSink {
     }
 
     pub fn stdout(name: &'static str) -> JsonlSink {
-        JsonlSink {
-            name,
-            target: Target::Stdout(BufWriter::new(std::io::stdout())),
-            written: 0,
-        }
+        JsonlSink { name, target: Target::Stdout(BufWriter::new(std::io::stdout())), written: 0 }
     }
 
     /// Write one line (a newline is added).
@@ -123,9 +107,7 @@ impl JsonlSink {
         self.flush()?;
         match &mut self.target {
             Target::File { path, w } => {
-                w.get_ref()
-                    .sync_data()
-                    .map_err(|e| Error::io("sync", path.clone(), e))?;
+                w.get_ref().sync_data().map_err(|e| Error::io("sync", path.clone(), e))?;
                 Ok(Some(SinkPosition {
                     name: self.name.into(),
                     path: path.clone(),
@@ -168,10 +150,7 @@ mod tests {
         let mut s = JsonlSink::open("output", &path, Some(&pos)).unwrap();
         s.write_line(b"{\"a\":3}").unwrap();
         s.flush().unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&path).unwrap(),
-            "{\"a\":1}\n{\"a\":3}\n"
-        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n{\"a\":3}\n");
         std::fs::write(&path, "").unwrap();
         assert!(JsonlSink::resume("output", &path, pos.committed_bytes).is_err());
     }

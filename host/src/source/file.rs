@@ -39,10 +39,7 @@ impl FileSource {
         } else {
             let mut f = File::open(path).map_err(|e| Error::io("open input", path, e))?;
             if let Some(r) = resume {
-                let len = f
-                    .metadata()
-                    .map_err(|e| Error::io("stat input", path, e))?
-                    .len();
+                let len = f.metadata().map_err(|e| Error::io("stat input", path, e))?.len();
                 if len < r.offset {
                     return Err(Error::Usage(format!(
                         "input {} has {len} bytes but the savepoint resumes at byte {}: not the same input",
@@ -50,8 +47,7 @@ impl FileSource {
                         r.offset
                     )));
                 }
-                f.seek(SeekFrom::Start(r.offset))
-                    .map_err(|e| Error::io("seek input", path, e))?;
+                f.seek(SeekFrom::Start(r.offset)).map_err(|e| Error::io("seek input", path, e))?;
             }
             Box::new(f)
         };
@@ -82,11 +78,7 @@ impl FileSource {
         let (s, e, pos) = loop {
             if let Some(nl) = memchr::memchr(b'\n', &self.buf[self.start..self.end]) {
                 let s = self.start;
-                let pos = Position {
-                    partition: 0,
-                    line: self.lines + 1,
-                    offset: self.offset,
-                };
+                let pos = Position { partition: 0, line: self.lines + 1, offset: self.offset };
                 self.start += nl + 1;
                 self.offset += nl as u64 + 1;
                 self.lines += 1;
@@ -105,11 +97,7 @@ impl FileSource {
                 }
                 // Last line without a newline.
                 let (s, e) = (self.start, self.end);
-                let pos = Position {
-                    partition: 0,
-                    line: self.lines + 1,
-                    offset: self.offset,
-                };
+                let pos = Position { partition: 0, line: self.lines + 1, offset: self.offset };
                 self.offset += (e - s) as u64;
                 self.lines += 1;
                 self.start = e;
@@ -185,22 +173,12 @@ mod tests {
     fn lines_positions_and_resume() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("in.jsonl");
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(b"{\"a\":1}\r\n\n  \n{\"a\":2}\n{\"a\":3}")
-            .unwrap();
+        std::fs::File::create(&path).unwrap().write_all(b"{\"a\":1}\r\n\n  \n{\"a\":2}\n{\"a\":3}").unwrap();
         let mut src = FileSource::open(&path, None).unwrap();
         let all = collect(&mut src);
         let texts: Vec<&str> = all.iter().map(|(t, _)| t.as_str()).collect();
         assert_eq!(texts, ["{\"a\":1}", "{\"a\":2}", "{\"a\":3}"]);
-        assert_eq!(
-            all[1].1,
-            Position {
-                partition: 0,
-                line: 4,
-                offset: 13
-            }
-        );
+        assert_eq!(all[1].1, Position { partition: 0, line: 4, offset: 13 });
         assert_eq!(all[2].1.line, 5);
 
         // Stop after the first two records and resume at the reported position.

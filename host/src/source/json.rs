@@ -45,16 +45,10 @@ impl<'a> Scalar<'a> {
     /// The string's value, unescaped and checked to be UTF-8.
     pub fn as_str(&self) -> Option<Result<Cow<'a, str>, DecodeError>> {
         match *self {
-            Scalar::Str {
-                raw,
-                escaped: false,
-            } => Some(
+            Scalar::Str { raw, escaped: false } => Some(
                 std::str::from_utf8(raw)
                     .map(Cow::Borrowed)
-                    .map_err(|_| DecodeError {
-                        message: "string is not valid UTF-8".into(),
-                        at: 0,
-                    }),
+                    .map_err(|_| DecodeError { message: "string is not valid UTF-8".into(), at: 0 }),
             ),
             Scalar::Str { raw, escaped: true } => Some(unescape(raw).map(Cow::Owned)),
             _ => None,
@@ -83,9 +77,7 @@ pub struct Projection {
 
 impl Projection {
     pub fn new<S: AsRef<str>>(names: &[S]) -> Projection {
-        Projection {
-            names: names.iter().map(|n| n.as_ref().as_bytes().into()).collect(),
-        }
+        Projection { names: names.iter().map(|n| n.as_ref().as_bytes().into()).collect() }
     }
 
     pub fn len(&self) -> usize {
@@ -98,11 +90,7 @@ impl Projection {
 
     /// Scan `record`; `out[i]` receives field `i` or `None` when absent (the last
     /// occurrence wins when a key repeats).
-    pub fn scan<'a>(
-        &self,
-        record: &'a [u8],
-        out: &mut [Option<Scalar<'a>>],
-    ) -> Result<(), DecodeError> {
+    pub fn scan<'a>(&self, record: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Result<(), DecodeError> {
         debug_assert_eq!(out.len(), self.names.len());
         out.iter_mut().for_each(|s| *s = None);
         let mut p = Parser { b: record, i: 0 };
@@ -151,13 +139,20 @@ impl Projection {
         Ok(())
     }
 
+    #[inline]
     fn slot_of(&self, key: &[u8], escaped: bool) -> Result<Option<usize>, DecodeError> {
         if escaped {
             let k = unescape(key)?;
             return Ok(self.names.iter().position(|n| **n == *k.as_bytes()));
         }
-        Ok(self.names.iter().position(|n| **n == *key))
+        Ok(self.names.iter().position(|n| short_eq(n, key)))
     }
+}
+
+/// Equality for short byte strings: length first, then bytes, without a library call.
+#[inline]
+pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 struct Parser<'a> {
@@ -172,15 +167,9 @@ impl<'a> Parser<'a> {
     }
 
     fn err(&self, message: &str) -> DecodeError {
-        let message = if self.i >= self.b.len() {
-            format!("{message} (record ends)")
-        } else {
-            message.to_string()
-        };
-        DecodeError {
-            message,
-            at: self.i,
-        }
+        let message =
+            if self.i >= self.b.len() { format!("{message} (record ends)") } else { message.to_string() };
+        DecodeError { message, at: self.i }
     }
 
     #[inline]
@@ -191,39 +180,42 @@ impl<'a> Parser<'a> {
     }
 
     /// At an opening quote: the raw contents and whether they hold escapes.
+    ///
+    /// A plain byte loop: the strings of event records are short, and a SIMD search
+    /// costs more to set up than it saves on them.
     #[inline]
     fn string(&mut self) -> Result<(&'a [u8], bool), DecodeError> {
         self.i += 1;
         let start = self.i;
         let mut escaped = false;
+        let b = self.b;
+        let mut i = self.i;
         loop {
-            match memchr::memchr2(b'"', b'\\', &self.b[self.i..]) {
-                None => {
-                    self.i = self.b.len();
-                    return Err(self.err("unterminated string"));
-                }
-                Some(n) => {
-                    self.i += n;
-                    if self.b[self.i] == b'"' {
-                        let raw = &self.b[start..self.i];
-                        self.i += 1;
-                        return Ok((raw, escaped));
-                    }
-                    escaped = true;
-                    self.i += 1;
-                    match self.peek() {
-                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.i += 1,
-                        Some(b'u') => {
-                            let hex = self.b.get(self.i + 1..self.i + 5);
-                            if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
-                                return Err(self.err("invalid \\u escape"));
-                            }
-                            self.i += 5;
-                        }
-                        _ => return Err(self.err("invalid escape in string")),
-                    }
-                }
+            while i < b.len() && b[i] != b'"' && b[i] != b'\\' {
+                i += 1;
             }
+            if i >= b.len() {
+                self.i = b.len();
+                return Err(self.err("unterminated string"));
+            }
+            if b[i] == b'"' {
+                self.i = i + 1;
+                return Ok((&b[start..i], escaped));
+            }
+            escaped = true;
+            self.i = i + 1;
+            match self.peek() {
+                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.i += 1,
+                Some(b'u') => {
+                    let hex = self.b.get(self.i + 1..self.i + 5);
+                    if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+                        return Err(self.err("invalid \\u escape"));
+                    }
+                    self.i += 5;
+                }
+                _ => return Err(self.err("invalid escape in string")),
+            }
+            i = self.i;
         }
     }
 
@@ -249,13 +241,7 @@ impl<'a> Parser<'a> {
         let mut fits = true;
         while let Some(d @ b'0'..=b'9') = self.peek() {
             let d = (d - b'0') as i64;
-            match v.checked_mul(10).and_then(|v| {
-                if neg {
-                    v.checked_sub(d)
-                } else {
-                    v.checked_add(d)
-                }
-            }) {
+            match v.checked_mul(10).and_then(|v| if neg { v.checked_sub(d) } else { v.checked_add(d) }) {
                 Some(n) => v = n,
                 None => fits = false,
             }
@@ -384,16 +370,11 @@ impl<'a> Parser<'a> {
 
 /// Decode the escapes of a JSON string's raw contents.
 pub fn unescape(raw: &[u8]) -> Result<String, DecodeError> {
-    let bad = |at: usize, m: &str| DecodeError {
-        message: m.to_string(),
-        at,
-    };
+    let bad = |at: usize, m: &str| DecodeError { message: m.to_string(), at };
     let mut out: Vec<u8> = Vec::with_capacity(raw.len());
     let mut i = 0;
     let hex4 = |i: usize| -> Result<u32, DecodeError> {
-        let h = raw
-            .get(i..i + 4)
-            .ok_or_else(|| bad(i, "invalid \\u escape"))?;
+        let h = raw.get(i..i + 4).ok_or_else(|| bad(i, "invalid \\u escape"))?;
         let s = std::str::from_utf8(h).map_err(|_| bad(i, "invalid \\u escape"))?;
         u32::from_str_radix(s, 16).map_err(|_| bad(i, "invalid \\u escape"))
     };
@@ -404,9 +385,7 @@ pub fn unescape(raw: &[u8]) -> Result<String, DecodeError> {
             i += 1;
             continue;
         }
-        let e = *raw
-            .get(i + 1)
-            .ok_or_else(|| bad(i, "invalid escape in string"))?;
+        let e = *raw.get(i + 1).ok_or_else(|| bad(i, "invalid escape in string"))?;
         i += 2;
         let c = match e {
             b'"' => '"',
@@ -469,18 +448,9 @@ mod tests {
         for (rec, want) in [
             (r#"{"t": 1.5}"#, Scalar::Number(b"1.5")),
             (r#"{"t": 1e3}"#, Scalar::Number(b"1e3")),
-            (
-                r#"{"t": 99999999999999999999}"#,
-                Scalar::Number(b"99999999999999999999"),
-            ),
+            (r#"{"t": 99999999999999999999}"#, Scalar::Number(b"99999999999999999999")),
             (r#"{"t": -9223372036854775808}"#, Scalar::Int(i64::MIN)),
-            (
-                r#"{"t": "12"}"#,
-                Scalar::Str {
-                    raw: b"12",
-                    escaped: false,
-                },
-            ),
+            (r#"{"t": "12"}"#, Scalar::Str { raw: b"12", escaped: false }),
         ] {
             assert_eq!(scan(&p, rec).unwrap()[0], Some(want), "{rec}");
         }
@@ -489,15 +459,9 @@ mod tests {
     #[test]
     fn escapes_in_values_and_names() {
         let p = Projection::new(&["producto", "año"]);
-        let v = scan(
-            &p,
-            r#"{"producto": "queso \"curado\" \u00e9 \ud83d\ude00", "a\u00f1o": 2025}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            v[0].unwrap().as_str().unwrap().unwrap(),
-            "queso \"curado\" é 😀"
-        );
+        let v =
+            scan(&p, r#"{"producto": "queso \"curado\" \u00e9 \ud83d\ude00", "a\u00f1o": 2025}"#).unwrap();
+        assert_eq!(v[0].unwrap().as_str().unwrap().unwrap(), "queso \"curado\" é 😀");
         assert_eq!(v[1], Some(Scalar::Int(2025)));
     }
 
@@ -520,11 +484,7 @@ mod tests {
         ] {
             assert!(scan(&p, bad).is_err(), "accepted {bad}");
         }
-        let deep = format!(
-            "{{\"b\": {}{}}}",
-            "[".repeat(MAX_DEPTH + 5),
-            "]".repeat(MAX_DEPTH + 5)
-        );
+        let deep = format!("{{\"b\": {}{}}}", "[".repeat(MAX_DEPTH + 5), "]".repeat(MAX_DEPTH + 5));
         assert!(scan(&p, &deep).unwrap_err().message.contains("deep"));
     }
 
@@ -539,14 +499,10 @@ mod tests {
             seed ^= seed << 17;
             let n = (seed % 2_000_000) as i64 - 1_000_000;
             let k = format!("k{}\\n\\u0041", seed % 97);
-            let rec =
-                format!(r#"{{"z": [{{}}, []], "k": "{k}", "n": {n}, "f": {n}.25, "w": false}}"#);
+            let rec = format!(r#"{{"z": [{{}}, []], "k": "{k}", "n": {n}, "f": {n}.25, "w": false}}"#);
             let v = scan(&p, &rec).unwrap();
             let full: serde_json::Value = serde_json::from_str(&rec).unwrap();
-            assert_eq!(
-                v[0].unwrap().as_str().unwrap().unwrap(),
-                full["k"].as_str().unwrap()
-            );
+            assert_eq!(v[0].unwrap().as_str().unwrap().unwrap(), full["k"].as_str().unwrap());
             assert_eq!(v[1], Some(Scalar::Int(full["n"].as_i64().unwrap())));
             match v[2] {
                 Some(Scalar::Number(t)) => {

@@ -21,9 +21,20 @@ impl KeyTable {
     /// The id of an encoded key, interning it on first sight.
     #[inline]
     pub fn intern(&mut self, encoded: &[u8]) -> u32 {
-        if let Some(&id) = self.ids.get(encoded) {
-            return id;
+        match self.ids.get(encoded) {
+            Some(&id) => id,
+            None => self.insert(encoded),
         }
+    }
+
+    /// The id of a known key.
+    #[inline]
+    pub fn get(&self, encoded: &[u8]) -> Option<u32> {
+        self.ids.get(encoded).copied()
+    }
+
+    /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
+    pub fn insert(&mut self, encoded: &[u8]) -> u32 {
         let id = self.keys.len() as u32;
         self.keys.push(encoded.into());
         self.ids.insert(encoded.into(), id);
@@ -36,9 +47,7 @@ impl KeyTable {
 
     /// The key's fields, in key order.
     pub fn fields(&self, id: u32) -> KeyFields<'_> {
-        KeyFields {
-            rest: self.encoded(id),
-        }
+        KeyFields { rest: self.encoded(id) }
     }
 
     pub fn len(&self) -> usize {
@@ -52,9 +61,26 @@ impl KeyTable {
 
 /// Append one key field to an encoded key.
 #[inline]
-pub fn push_key_field(encoded: &mut Vec<u8>, field: &str) {
+pub fn push_key_field(encoded: &mut Vec<u8>, field: &[u8]) {
     encoded.extend_from_slice(&(field.len() as u32).to_le_bytes());
-    encoded.extend_from_slice(field.as_bytes());
+    encoded.extend_from_slice(field);
+}
+
+/// Whether every field of an encoded key is UTF-8. Keys are built from raw input bytes
+/// and checked only once, when first seen, before they are interned.
+pub fn valid_key(encoded: &[u8]) -> bool {
+    let mut rest = encoded;
+    while !rest.is_empty() {
+        let Some(len) = rest.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes) else {
+            return false;
+        };
+        let Some(field) = rest.get(4..4 + len as usize) else { return false };
+        if std::str::from_utf8(field).is_err() {
+            return false;
+        }
+        rest = &rest[4 + len as usize..];
+    }
+    true
 }
 
 /// Iterator over the fields of an encoded key.
@@ -69,7 +95,7 @@ impl<'a> Iterator for KeyFields<'a> {
         let len = u32::from_le_bytes(len_bytes) as usize;
         let field = self.rest.get(4..4 + len)?;
         self.rest = &self.rest[4 + len..];
-        // Encoded keys are built from `&str`s only.
+        // Interned keys passed `valid_key`.
         std::str::from_utf8(field).ok()
     }
 }
@@ -98,9 +124,7 @@ impl WindowState {
     /// The accumulator of an open window (empty = fresh).
     #[inline]
     pub fn get(&self, key: u32, start: i64) -> &[u8] {
-        self.accs
-            .get(&(key, start))
-            .map_or(&[], |s| s.acc.as_slice())
+        self.accs.get(&(key, start)).map_or(&[], |s| s.acc.as_slice())
     }
 
     /// Store a window's accumulator, opening the window if new.
@@ -112,13 +136,7 @@ impl WindowState {
                 slot.acc.extend_from_slice(acc);
             }
             None => {
-                self.accs.insert(
-                    (key, window.start),
-                    Slot {
-                        end: window.end,
-                        acc: acc.to_vec(),
-                    },
-                );
+                self.accs.insert((key, window.start), Slot { end: window.end, acc: acc.to_vec() });
                 self.timers.insert((window.end, key, window.start));
             }
         }
@@ -139,14 +157,7 @@ impl WindowState {
             }
             self.timers.pop_first();
             if let Some(slot) = self.accs.remove(&(key, start)) {
-                out.push(Closed {
-                    key,
-                    window: Window {
-                        start,
-                        end: slot.end,
-                    },
-                    acc: slot.acc,
-                });
+                out.push(Closed { key, window: Window { start, end: slot.end }, acc: slot.acc });
             }
         }
         out
@@ -169,22 +180,14 @@ impl WindowState {
     /// Every open window, in end order, for savepoints.
     pub fn iter(&self) -> impl Iterator<Item = (u32, Window, &[u8])> {
         self.timers.iter().filter_map(|&(end, key, start)| {
-            self.accs
-                .get(&(key, start))
-                .map(|s| (key, Window { start, end }, s.acc.as_slice()))
+            self.accs.get(&(key, start)).map(|s| (key, Window { start, end }, s.acc.as_slice()))
         })
     }
 
     /// Replace every accumulator (after a migration), keeping windows and order.
     pub fn replace_accumulators(&mut self, mut next: impl FnMut(u32, Window) -> Vec<u8>) {
         for ((key, start), slot) in self.accs.iter_mut() {
-            slot.acc = next(
-                *key,
-                Window {
-                    start: *start,
-                    end: slot.end,
-                },
-            );
+            slot.acc = next(*key, Window { start: *start, end: slot.end });
         }
     }
 }
@@ -197,8 +200,10 @@ mod tests {
     fn keys_round_trip() {
         let mut t = KeyTable::default();
         let mut k = Vec::new();
-        push_key_field(&mut k, "queso-curado");
-        push_key_field(&mut k, "girona");
+        push_key_field(&mut k, b"queso-curado");
+        push_key_field(&mut k, b"girona");
+        assert!(valid_key(&k));
+        assert!(!valid_key(&[1, 0, 0, 0, 0xff]));
         let id = t.intern(&k);
         assert_eq!(t.intern(&k), id);
         assert_eq!(t.fields(id).collect::<Vec<_>>(), ["queso-curado", "girona"]);

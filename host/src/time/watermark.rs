@@ -18,19 +18,13 @@ pub struct Watermark {
 
 impl Watermark {
     pub fn new(delay_ms: i64) -> Self {
-        Watermark {
-            delay_ms,
-            max_event_time: None,
-        }
+        Watermark { delay_ms, max_event_time: None }
     }
 
     /// Resume from a savepoint's state, possibly with a new delay: the watermark never
     /// goes back, so a larger delay keeps the old watermark until events pass it.
     pub fn restore(delay_ms: i64, max_event_time: Option<i64>, previous: i64) -> Self {
-        let mut w = Watermark {
-            delay_ms,
-            max_event_time,
-        };
+        let mut w = Watermark { delay_ms, max_event_time };
         if w.current() < previous {
             // Keep monotonicity: pretend we saw the event that produced `previous`.
             w.max_event_time = Some(previous.saturating_add(delay_ms));

@@ -31,10 +31,7 @@ impl Assigner {
         match *self {
             Assigner::Tumbling { size } => {
                 let start = t.div_euclid(size) * size;
-                Window {
-                    start,
-                    end: start.saturating_add(size),
-                }
+                Window { start, end: start.saturating_add(size) }
             }
         }
     }
@@ -47,20 +44,8 @@ mod tests {
     #[test]
     fn tumbling_is_epoch_aligned_including_negative_times() {
         let a = Assigner::Tumbling { size: 300_000 };
-        assert_eq!(
-            a.assign(1757844030000),
-            Window {
-                start: 1757844000000,
-                end: 1757844300000
-            }
-        );
+        assert_eq!(a.assign(1757844030000), Window { start: 1757844000000, end: 1757844300000 });
         assert_eq!(a.assign(1757844300000).start, 1757844300000);
-        assert_eq!(
-            a.assign(-1),
-            Window {
-                start: -300_000,
-                end: 0
-            }
-        );
+        assert_eq!(a.assign(-1), Window { start: -300_000, end: 0 });
     }
 }

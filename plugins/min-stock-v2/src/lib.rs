@@ -46,9 +46,7 @@ impl Aggregate for MinStock {
 
     fn configure(config: &Config) -> Result<Self, String> {
         config.only(&["threshold"])?;
-        Ok(MinStock {
-            threshold: config.int_or("threshold", 10)?,
-        })
+        Ok(MinStock { threshold: config.int_or("threshold", 10)? })
     }
 
     fn add(&self, acc: &mut Acc, _group: &Group<'_>, events: &Events<'_>) {
@@ -90,16 +88,9 @@ impl Aggregate for MinStock {
         match from_schema {
             1 => {
                 let old: AccV1 = decode(bytes)?;
-                Ok(Acc {
-                    min: old.min,
-                    count: old.count,
-                    delta_sum: 0,
-                    delta_count: 0,
-                })
+                Ok(Acc { min: old.min, count: old.count, delta_sum: 0, delta_count: 0 })
             }
-            other => Err(format!(
-                "min-stock 2 reads state schema 1 or 2, not {other}"
-            )),
+            other => Err(format!("min-stock 2 reads state schema 1 or 2, not {other}")),
         }
     }
 }

@@ -33,9 +33,7 @@ impl Aggregate for MinStock {
 
     fn configure(config: &Config) -> Result<Self, String> {
         config.only(&["threshold"])?;
-        Ok(MinStock {
-            threshold: config.int_or("threshold", 10)?,
-        })
+        Ok(MinStock { threshold: config.int_or("threshold", 10)? })
     }
 
     fn add(&self, acc: &mut Acc, _group: &Group<'_>, events: &Events<'_>) {

@@ -66,28 +66,16 @@ pub struct Field {
 
 impl Field {
     pub const fn int(name: &'static str) -> Self {
-        Field {
-            name,
-            ty: FieldType::Int,
-        }
+        Field { name, ty: FieldType::Int }
     }
     pub const fn float(name: &'static str) -> Self {
-        Field {
-            name,
-            ty: FieldType::Float,
-        }
+        Field { name, ty: FieldType::Float }
     }
     pub const fn text(name: &'static str) -> Self {
-        Field {
-            name,
-            ty: FieldType::Text,
-        }
+        Field { name, ty: FieldType::Text }
     }
     pub const fn boolean(name: &'static str) -> Self {
-        Field {
-            name,
-            ty: FieldType::Boolean,
-        }
+        Field { name, ty: FieldType::Boolean }
     }
 }
 
@@ -147,18 +135,14 @@ impl Config {
     pub fn int_or(&self, name: &str, default: i64) -> Result<i64, String> {
         match self.get(name) {
             None => Ok(default),
-            Some(v) => v
-                .as_i64()
-                .ok_or_else(|| format!("config `{name}` must be an integer, got {v}")),
+            Some(v) => v.as_i64().ok_or_else(|| format!("config `{name}` must be an integer, got {v}")),
         }
     }
     /// A float setting, `default` when absent.
     pub fn float_or(&self, name: &str, default: f64) -> Result<f64, String> {
         match self.get(name) {
             None => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| format!("config `{name}` must be a number, got {v}")),
+            Some(v) => v.as_f64().ok_or_else(|| format!("config `{name}` must be a number, got {v}")),
         }
     }
     /// Names present in the config, to reject unknown settings.
@@ -168,10 +152,7 @@ impl Config {
     /// Refuse settings not in `known`.
     pub fn only(&self, known: &[&str]) -> Result<(), String> {
         match self.names().find(|n| !known.contains(n)) {
-            Some(n) => Err(format!(
-                "unknown config `{n}` (known: {})",
-                known.join(", ")
-            )),
+            Some(n) => Err(format!("unknown config `{n}` (known: {})", known.join(", "))),
             None => Ok(()),
         }
     }
@@ -191,11 +172,7 @@ pub struct Group<'a> {
 impl<'a> Group<'a> {
     /// Key field `j` (in the pipeline's `key` order).
     pub fn key(&self, j: usize) -> &'a str {
-        assert!(
-            j < self.arity,
-            "key field {j} out of range (arity {})",
-            self.arity
-        );
+        assert!(j < self.arity, "key field {j} out of range (arity {})", self.arity);
         packed_str(self.keys, self.first_key + j)
     }
     /// Number of key fields.
@@ -265,10 +242,7 @@ impl Output {
     /// Emit one record; its value must serialize to a JSON object.
     pub fn emit<T: Serialize + ?Sized>(&mut self, value: &T) {
         let value = serde_json::to_string(value).expect("record serializes to JSON");
-        self.records.push(wit::Emitted {
-            group: self.group,
-            value,
-        });
+        self.records.push(wit::Emitted { group: self.group, value });
     }
 }
 

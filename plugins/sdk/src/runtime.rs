@@ -71,10 +71,7 @@ fn encode_into<A: serde::Serialize>(acc: &A, out: &mut wit::Packed) -> Result<()
 }
 
 fn packed_with_capacity(n: usize) -> wit::Packed {
-    wit::Packed {
-        bytes: Vec::with_capacity(n * 16),
-        ends: Vec::with_capacity(n),
-    }
+    wit::Packed { bytes: Vec::with_capacity(n * 16), ends: Vec::with_capacity(n) }
 }
 
 fn check_groups(g: &wit::Groups) -> Result<usize, String> {
@@ -106,10 +103,7 @@ pub fn add<T: Aggregate>(groups: wit::Groups, events: wit::Events) -> Result<wit
     with_plugin::<T, _>(|plugin| {
         let n = check_groups(&groups)?;
         if events.group_ends.len() != n {
-            return Err(format!(
-                "{} group ends for {n} groups",
-                events.group_ends.len()
-            ));
+            return Err(format!("{} group ends for {n} groups", events.group_ends.len()));
         }
         let mut out = packed_with_capacity(n);
         let mut row = 0usize;
@@ -122,11 +116,7 @@ pub fn add<T: Aggregate>(groups: wit::Groups, events: wit::Events) -> Result<wit
                 ));
             }
             let mut acc: T::Acc = crate::decode(packed_item(&groups.accumulators, i))?;
-            let ev = Events {
-                times: &events.event_time[row..end],
-                columns: &events.columns,
-                start: row,
-            };
+            let ev = Events { times: &events.event_time[row..end], columns: &events.columns, start: row };
             plugin.add(&mut acc, &group_view(&groups, i), &ev);
             encode_into(&acc, &mut out)?;
             row = end;
@@ -139,10 +129,7 @@ pub fn merge<T: Aggregate>(left: wit::Packed, right: wit::Packed) -> Result<wit:
     with_plugin::<T, _>(|plugin| {
         let n = left.ends.len();
         if right.ends.len() != n {
-            return Err(format!(
-                "merge of {n} with {} accumulators",
-                right.ends.len()
-            ));
+            return Err(format!("merge of {n} with {} accumulators", right.ends.len()));
         }
         let mut out = packed_with_capacity(n);
         for i in 0..n {
@@ -157,10 +144,7 @@ pub fn merge<T: Aggregate>(left: wit::Packed, right: wit::Packed) -> Result<wit:
 pub fn finish<T: Aggregate>(groups: wit::Groups) -> Result<Vec<wit::Emitted>, String> {
     with_plugin::<T, _>(|plugin| {
         let n = check_groups(&groups)?;
-        let mut out = Output {
-            group: 0,
-            records: Vec::new(),
-        };
+        let mut out = Output { group: 0, records: Vec::new() };
         for i in 0..n {
             let acc: T::Acc = crate::decode(packed_item(&groups.accumulators, i))?;
             out.group = i as u32;

@@ -1,0 +1,65 @@
+//! The `km0` binary at its edge: exit codes and messages a user sees.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn km0() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_km0"))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn example() -> PathBuf {
+    repo().join("examples/stock-alert/pipeline.toml")
+}
+
+#[test]
+fn validate_names_an_unknown_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(example()).unwrap().replace("[window]", "[window]\nslide = \"1m\"");
+    let p = dir.path().join("p.toml");
+    std::fs::write(&p, text).unwrap();
+    let out = km0().arg("validate").arg(&p).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown field `slide`"), "{err}");
+}
+
+#[test]
+fn run_prints_a_summary_and_deploy_refuses_a_downgrade() {
+    let plugins = repo().join("plugins/dist");
+    assert!(plugins.join("min-stock-v2.wasm").exists(), "build the plugins first (scripts/build-plugins.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = dir.path().join("pipeline.toml");
+    let text = std::fs::read_to_string(example())
+        .unwrap()
+        .replace(
+            "../../plugins/dist/min-stock.wasm",
+            &plugins.join("min-stock-v2.wasm").display().to_string(),
+        )
+        .replace(
+            "data/stock.jsonl",
+            &repo().join("examples/stock-alert/data/golden-trace.jsonl").display().to_string(),
+        );
+    std::fs::write(&pipeline, text).unwrap();
+
+    let out = km0().args(["run", "--stop-with-savepoint-after", "7"]).arg(&pipeline).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("read 7 records: 7 accepted, 0 filtered, 0 late, 0 dead-lettered"), "{err}");
+    let savepoint = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(Path::new(&savepoint).join("savepoint.json").exists(), "{savepoint}");
+
+    let out = km0()
+        .arg("deploy")
+        .arg(plugins.join("min-stock.wasm"))
+        .args(["--from-savepoint", &savepoint, "--pipeline"])
+        .arg(&pipeline)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("deploy refused") && err.contains("state schema 2"), "{err}");
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up and run the main job on the embedded default (files, no broker): install the
+# wasm target if needed, build the plugins and km0, run the Kilómetro Cero low-stock
+# alert over its bundled data, and print the alerts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
+./scripts/build-plugins.sh
+echo "== building km0 (release)"
+cargo build --release --locked -p km0
+km0="$CARGO_TARGET_DIR/release/km0"
+ex=examples/stock-alert
+echo "== km0 run $ex/pipeline.toml"
+"$km0" run "$ex/pipeline.toml"
+echo "== first alerts in $ex/out/alertas.jsonl ($(wc -l < "$ex/out/alertas.jsonl") in all)"
+head -n 8 "$ex/out/alertas.jsonl"
+echo "== the lesson's golden trace (10:00-10:15, delay 2 min)"
+"$km0" run "$ex/pipeline.toml" --input "$ex/data/golden-trace.jsonl" --output "$ex/out/golden-alertas.jsonl"
+cat "$ex/out/golden-alertas.jsonl"

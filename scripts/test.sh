@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run every test: build the WASM plugins from plugins/, then the workspace's unit and
+# end-to-end tests (release profile, shared target folder), then the format check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
+start=$(date +%s)
+./scripts/build-plugins.sh
+echo "== cargo test (release)"
+cargo test --release --locked --workspace
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+(cd plugins && cargo fmt --all -- --check)
+echo "== all tests passed in $(( $(date +%s) - start )) s"

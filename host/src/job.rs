@@ -575,7 +575,7 @@ impl Operator {
         closed.sort_by(|a, b| {
             (a.window.end, a.window.start)
                 .cmp(&(b.window.end, b.window.start))
-                .then_with(|| keys.fields(a.key).cmp(keys.fields(b.key)))
+                .then_with(|| keys.raw_fields(a.key).cmp(keys.raw_fields(b.key)))
         });
         for chunk in closed.chunks(self.batch_size) {
             fill_groups(

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use km0::job::{self, RunOptions, Summary};
 use km0::pipeline::Pipeline;
 use km0::plugin::PluginRuntime;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(name = "km0", version, about = "Event-time stream processing with WebAssembly plugins")]
@@ -111,7 +111,7 @@ fn options(args: RunArgs, from_savepoint: Option<PathBuf>) -> RunOptions {
     }
 }
 
-fn load(path: &PathBuf) -> Result<Pipeline> {
+fn load(path: &Path) -> Result<Pipeline> {
     Ok(Pipeline::load(path)?)
 }
 
@@ -193,7 +193,7 @@ fn print_summary(s: &Summary) {
     }
 }
 
-fn bench(pipeline: &PathBuf, events: u64, input: Option<PathBuf>, repeat: u32) -> Result<()> {
+fn bench(pipeline: &Path, events: u64, input: Option<PathBuf>, repeat: u32) -> Result<()> {
     let p = load(pipeline)?;
     let tmp = std::env::temp_dir().join(format!("km0-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;

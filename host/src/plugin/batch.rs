@@ -218,8 +218,8 @@ pub fn fill_groups<'a>(
     groups.window_start.clear();
     groups.window_end.clear();
     for (key, window, acc) in items {
-        for field in keys.fields(key) {
-            packed_push(&mut groups.keys, field.as_bytes());
+        for field in keys.raw_fields(key) {
+            packed_push(&mut groups.keys, field);
         }
         groups.window_start.push(window.start);
         groups.window_end.push(window.end);

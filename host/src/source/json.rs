@@ -45,11 +45,13 @@ impl<'a> Scalar<'a> {
     /// The string's value, unescaped and checked to be UTF-8.
     pub fn as_str(&self) -> Option<Result<Cow<'a, str>, DecodeError>> {
         match *self {
-            Scalar::Str { raw, escaped: false } => Some(
-                std::str::from_utf8(raw)
-                    .map(Cow::Borrowed)
-                    .map_err(|_| DecodeError { message: "string is not valid UTF-8".into(), at: 0 }),
-            ),
+            Scalar::Str { raw, escaped: false } => {
+                Some(std::str::from_utf8(raw).map(Cow::Borrowed).map_err(|_| DecodeError {
+                    message: "string is not valid UTF-8",
+                    at: 0,
+                    ended: false,
+                }))
+            }
             Scalar::Str { raw, escaped: true } => Some(unescape(raw).map(Cow::Owned)),
             _ => None,
         }
@@ -59,15 +61,23 @@ impl<'a> Scalar<'a> {
 /// Why a record is not usable JSON, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeError {
-    pub message: String,
+    pub message: &'static str,
     /// Byte offset in the record.
     pub at: usize,
+    /// The record ended before the value did.
+    pub ended: bool,
 }
 
 impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} at byte {}", self.message, self.at)
+        let ended = if self.ended { " (record ends)" } else { "" };
+        write!(f, "{}{ended} at byte {}", self.message, self.at)
     }
+}
+
+#[cold]
+fn fail(b: &[u8], at: usize, message: &'static str) -> DecodeError {
+    DecodeError { message, at, ended: at >= b.len() }
 }
 
 /// Extracts a fixed list of top-level fields from JSON objects.
@@ -90,51 +100,51 @@ impl Projection {
 
     /// Scan `record`; `out[i]` receives field `i` or `None` when absent (the last
     /// occurrence wins when a key repeats).
-    pub fn scan<'a>(&self, record: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Result<(), DecodeError> {
+    ///
+    /// Written as free functions over `(bytes, index)` so the cursor stays in a register.
+    pub fn scan<'a>(&self, b: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Result<(), DecodeError> {
         debug_assert_eq!(out.len(), self.names.len());
         out.iter_mut().for_each(|s| *s = None);
-        let mut p = Parser { b: record, i: 0 };
-        p.ws();
-        if p.peek() != Some(b'{') {
-            return Err(p.err("not a JSON object"));
+        let mut i = ws(b, 0);
+        if b.get(i) != Some(&b'{') {
+            return Err(fail(b, i, "not a JSON object"));
         }
-        p.i += 1;
-        p.ws();
-        if p.peek() == Some(b'}') {
-            p.i += 1;
+        i = ws(b, i + 1);
+        if b.get(i) == Some(&b'}') {
+            i += 1;
         } else {
             loop {
-                if p.peek() != Some(b'"') {
-                    return Err(p.err("expected a field name"));
+                if b.get(i) != Some(&b'"') {
+                    return Err(fail(b, i, "expected a field name"));
                 }
-                let (key, escaped) = p.string()?;
-                p.ws();
-                if p.peek() != Some(b':') {
-                    return Err(p.err("expected ':' after a field name"));
+                let (key, escaped, next) = string(b, i + 1)?;
+                i = ws(b, next);
+                if b.get(i) != Some(&b':') {
+                    return Err(fail(b, i, "expected ':' after a field name"));
                 }
-                p.i += 1;
-                p.ws();
+                i = ws(b, i + 1);
                 match self.slot_of(key, escaped)? {
-                    Some(slot) => out[slot] = Some(p.scalar()?),
-                    None => p.skip_value(0)?,
-                }
-                p.ws();
-                match p.peek() {
-                    Some(b',') => {
-                        p.i += 1;
-                        p.ws();
+                    Some(slot) => {
+                        let (v, next) = scalar(b, i)?;
+                        out[slot] = Some(v);
+                        i = next;
                     }
+                    None => i = skip_value(b, i, 0)?,
+                }
+                i = ws(b, i);
+                match b.get(i) {
+                    Some(b',') => i = ws(b, i + 1),
                     Some(b'}') => {
-                        p.i += 1;
+                        i += 1;
                         break;
                     }
-                    _ => return Err(p.err("expected ',' or '}' after a value")),
+                    _ => return Err(fail(b, i, "expected ',' or '}' after a value")),
                 }
             }
         }
-        p.ws();
-        if p.i != record.len() {
-            return Err(p.err("unexpected bytes after the JSON object"));
+        i = ws(b, i);
+        if i != b.len() {
+            return Err(fail(b, i, "unexpected bytes after the JSON object"));
         }
         Ok(())
     }
@@ -155,222 +165,210 @@ pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
-struct Parser<'a> {
-    b: &'a [u8],
-    i: usize,
+#[inline(always)]
+fn ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r') {
+        i += 1;
+    }
+    i
 }
 
-impl<'a> Parser<'a> {
-    #[inline]
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.i).copied()
-    }
-
-    fn err(&self, message: &str) -> DecodeError {
-        let message =
-            if self.i >= self.b.len() { format!("{message} (record ends)") } else { message.to_string() };
-        DecodeError { message, at: self.i }
-    }
-
-    #[inline]
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.i += 1;
+/// After an opening quote at `start - 1`: the raw contents, whether they hold escapes,
+/// and the index after the closing quote. Looks at 8 bytes at a time (SWAR): record
+/// strings are short, so a word-at-a-time test beats both a byte loop and a SIMD search
+/// that costs more to set up than it saves.
+#[inline(always)]
+fn string(b: &[u8], start: usize) -> Result<(&[u8], bool, usize), DecodeError> {
+    let mut i = start;
+    let mut escaped = false;
+    loop {
+        i = find_quote_or_backslash(b, i);
+        match b.get(i) {
+            None => return Err(fail(b, i, "unterminated string")),
+            Some(b'"') => return Ok((&b[start..i], escaped, i + 1)),
+            Some(_) => {
+                escaped = true;
+                i = escape(b, i + 1)?;
+            }
         }
     }
+}
 
-    /// At an opening quote: the raw contents and whether they hold escapes.
-    ///
-    /// A plain byte loop: the strings of event records are short, and a SIMD search
-    /// costs more to set up than it saves on them.
-    #[inline]
-    fn string(&mut self) -> Result<(&'a [u8], bool), DecodeError> {
-        self.i += 1;
-        let start = self.i;
-        let mut escaped = false;
-        let b = self.b;
-        let mut i = self.i;
-        loop {
-            while i < b.len() && b[i] != b'"' && b[i] != b'\\' {
-                i += 1;
+/// Index of the first `"` or `\\` at or after `i`, or `b.len()`.
+#[inline(always)]
+fn find_quote_or_backslash(b: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let q = x ^ (ONES * b'"' as u64);
+        let s = x ^ (ONES * b'\\' as u64);
+        // A zero byte in q or s marks a match; only bytes above the first match can be
+        // false positives, so the lowest set bit is exact.
+        let m = (q.wrapping_sub(ONES) & !q | s.wrapping_sub(ONES) & !s) & HIGH;
+        if m != 0 {
+            return i + (m.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < b.len() && b[i] != b'"' && b[i] != b'\\' {
+        i += 1;
+    }
+    i
+}
+
+/// After a backslash at `i - 1`: the index after the escape.
+#[cold]
+fn escape(b: &[u8], i: usize) -> Result<usize, DecodeError> {
+    match b.get(i) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 1),
+        Some(b'u') => match b.get(i + 1..i + 5) {
+            Some(h) if h.iter().all(u8::is_ascii_hexdigit) => Ok(i + 5),
+            _ => Err(fail(b, i, "invalid \\u escape")),
+        },
+        _ => Err(fail(b, i, "invalid escape in string")),
+    }
+}
+
+/// A number at `i`: an `Int` when it is a plain integer that fits i64.
+#[inline(always)]
+fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
+    let mut i = start;
+    let neg = b.get(i) == Some(&b'-');
+    if neg {
+        i += 1;
+    }
+    let digits = i;
+    let mut v: u64 = 0;
+    while i < b.len() && b[i].is_ascii_digit() {
+        v = v.wrapping_mul(10).wrapping_add((b[i] - b'0') as u64);
+        i += 1;
+    }
+    let n_digits = i - digits;
+    if n_digits == 0 {
+        return Err(fail(b, i, "invalid number"));
+    }
+    if n_digits > 1 && b[digits] == b'0' {
+        return Err(fail(b, digits, "leading zero in number"));
+    }
+    let mut integer = true;
+    if b.get(i) == Some(&b'.') {
+        integer = false;
+        i = digits_after(b, i + 1)?;
+    }
+    if let Some(b'e' | b'E') = b.get(i) {
+        integer = false;
+        i += 1;
+        if let Some(b'+' | b'-') = b.get(i) {
+            i += 1;
+        }
+        i = digits_after(b, i)?;
+    }
+    // Up to 18 digits cannot overflow; longer integers take the exact path.
+    if integer && n_digits <= 18 {
+        let v = v as i64;
+        return Ok((Scalar::Int(if neg { -v } else { v }), i));
+    }
+    if integer {
+        if let Ok(v) = std::str::from_utf8(&b[start..i]).unwrap_or("x").parse::<i64>() {
+            return Ok((Scalar::Int(v), i));
+        }
+    }
+    Ok((Scalar::Number(&b[start..i]), i))
+}
+
+fn digits_after(b: &[u8], start: usize) -> Result<usize, DecodeError> {
+    let mut i = start;
+    while i < b.len() && b[i].is_ascii_digit() {
+        i += 1;
+    }
+    if i == start {
+        return Err(fail(b, i, "invalid number"));
+    }
+    Ok(i)
+}
+
+fn literal<'a>(
+    b: &'a [u8],
+    i: usize,
+    word: &[u8],
+    v: Scalar<'a>,
+) -> Result<(Scalar<'a>, usize), DecodeError> {
+    match b.get(i..i + word.len()) {
+        Some(w) if w == word => Ok((v, i + word.len())),
+        _ => Err(fail(b, i, "invalid literal")),
+    }
+}
+
+#[inline]
+fn scalar(b: &[u8], i: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
+    match b.get(i) {
+        Some(b'"') => {
+            let (raw, escaped, next) = string(b, i + 1)?;
+            Ok((Scalar::Str { raw, escaped }, next))
+        }
+        Some(b'-' | b'0'..=b'9') => number(b, i),
+        Some(b't') => literal(b, i, b"true", Scalar::Bool(true)),
+        Some(b'f') => literal(b, i, b"false", Scalar::Bool(false)),
+        Some(b'n') => literal(b, i, b"null", Scalar::Null),
+        Some(b'{' | b'[') => skip_value(b, i, 0).map(|next| (Scalar::Composite, next)),
+        _ => Err(fail(b, i, "expected a value")),
+    }
+}
+
+/// Validate and skip the value at `i`; returns the index after it.
+fn skip_value(b: &[u8], mut i: usize, depth: usize) -> Result<usize, DecodeError> {
+    if depth > MAX_DEPTH {
+        return Err(fail(b, i, "nesting too deep"));
+    }
+    match b.get(i) {
+        Some(b'"') => string(b, i + 1).map(|(_, _, next)| next),
+        Some(b'-' | b'0'..=b'9') => number(b, i).map(|(_, next)| next),
+        Some(b'{') => {
+            i = ws(b, i + 1);
+            if b.get(i) == Some(&b'}') {
+                return Ok(i + 1);
             }
-            if i >= b.len() {
-                self.i = b.len();
-                return Err(self.err("unterminated string"));
-            }
-            if b[i] == b'"' {
-                self.i = i + 1;
-                return Ok((&b[start..i], escaped));
-            }
-            escaped = true;
-            self.i = i + 1;
-            match self.peek() {
-                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.i += 1,
-                Some(b'u') => {
-                    let hex = self.b.get(self.i + 1..self.i + 5);
-                    if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
-                        return Err(self.err("invalid \\u escape"));
-                    }
-                    self.i += 5;
+            loop {
+                if b.get(i) != Some(&b'"') {
+                    return Err(fail(b, i, "expected a field name"));
                 }
-                _ => return Err(self.err("invalid escape in string")),
-            }
-            i = self.i;
-        }
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Result<(), DecodeError> {
-        if self.b[self.i..].starts_with(word) {
-            self.i += word.len();
-            Ok(())
-        } else {
-            Err(self.err("invalid literal"))
-        }
-    }
-
-    /// A number: an `Int` when it is a plain integer that fits i64.
-    #[inline]
-    fn number(&mut self) -> Result<Scalar<'a>, DecodeError> {
-        let start = self.i;
-        let neg = self.peek() == Some(b'-');
-        if neg {
-            self.i += 1;
-        }
-        let digits = self.i;
-        let mut v: i64 = 0;
-        let mut fits = true;
-        while let Some(d @ b'0'..=b'9') = self.peek() {
-            let d = (d - b'0') as i64;
-            match v.checked_mul(10).and_then(|v| if neg { v.checked_sub(d) } else { v.checked_add(d) }) {
-                Some(n) => v = n,
-                None => fits = false,
-            }
-            self.i += 1;
-        }
-        let n_digits = self.i - digits;
-        if n_digits == 0 {
-            return Err(self.err("invalid number"));
-        }
-        if n_digits > 1 && self.b[digits] == b'0' {
-            return Err(self.err("leading zero in number"));
-        }
-        let mut integer = true;
-        if self.peek() == Some(b'.') {
-            integer = false;
-            self.i += 1;
-            self.digits()?;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            integer = false;
-            self.i += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.i += 1;
-            }
-            self.digits()?;
-        }
-        if integer && fits {
-            Ok(Scalar::Int(v))
-        } else {
-            Ok(Scalar::Number(&self.b[start..self.i]))
-        }
-    }
-
-    fn digits(&mut self) -> Result<(), DecodeError> {
-        let s = self.i;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.i += 1;
-        }
-        if self.i == s {
-            return Err(self.err("invalid number"));
-        }
-        Ok(())
-    }
-
-    #[inline]
-    fn scalar(&mut self) -> Result<Scalar<'a>, DecodeError> {
-        match self.peek() {
-            Some(b'"') => {
-                let (raw, escaped) = self.string()?;
-                Ok(Scalar::Str { raw, escaped })
-            }
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(b't') => self.literal(b"true").map(|_| Scalar::Bool(true)),
-            Some(b'f') => self.literal(b"false").map(|_| Scalar::Bool(false)),
-            Some(b'n') => self.literal(b"null").map(|_| Scalar::Null),
-            Some(b'{' | b'[') => self.skip_value(0).map(|_| Scalar::Composite),
-            _ => Err(self.err("expected a value")),
-        }
-    }
-
-    fn skip_value(&mut self, depth: usize) -> Result<(), DecodeError> {
-        if depth > MAX_DEPTH {
-            return Err(self.err("nesting too deep"));
-        }
-        match self.peek() {
-            Some(b'{') => {
-                self.i += 1;
-                self.ws();
-                if self.peek() == Some(b'}') {
-                    self.i += 1;
-                    return Ok(());
+                i = ws(b, string(b, i + 1)?.2);
+                if b.get(i) != Some(&b':') {
+                    return Err(fail(b, i, "expected ':' after a field name"));
                 }
-                loop {
-                    if self.peek() != Some(b'"') {
-                        return Err(self.err("expected a field name"));
-                    }
-                    self.string()?;
-                    self.ws();
-                    if self.peek() != Some(b':') {
-                        return Err(self.err("expected ':' after a field name"));
-                    }
-                    self.i += 1;
-                    self.ws();
-                    self.skip_value(depth + 1)?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => {
-                            self.i += 1;
-                            self.ws();
-                        }
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(self.err("expected ',' or '}' in object")),
-                    }
+                i = ws(b, i + 1);
+                i = ws(b, skip_value(b, i, depth + 1)?);
+                match b.get(i) {
+                    Some(b',') => i = ws(b, i + 1),
+                    Some(b'}') => return Ok(i + 1),
+                    _ => return Err(fail(b, i, "expected ',' or '}' in object")),
                 }
             }
-            Some(b'[') => {
-                self.i += 1;
-                self.ws();
-                if self.peek() == Some(b']') {
-                    self.i += 1;
-                    return Ok(());
-                }
-                loop {
-                    self.skip_value(depth + 1)?;
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => {
-                            self.i += 1;
-                            self.ws();
-                        }
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(self.err("expected ',' or ']' in array")),
-                    }
+        }
+        Some(b'[') => {
+            i = ws(b, i + 1);
+            if b.get(i) == Some(&b']') {
+                return Ok(i + 1);
+            }
+            loop {
+                i = ws(b, skip_value(b, i, depth + 1)?);
+                match b.get(i) {
+                    Some(b',') => i = ws(b, i + 1),
+                    Some(b']') => return Ok(i + 1),
+                    _ => return Err(fail(b, i, "expected ',' or ']' in array")),
                 }
             }
-            _ => self.scalar().map(|_| ()),
         }
+        _ => scalar(b, i).map(|(_, next)| next),
     }
 }
 
 /// Decode the escapes of a JSON string's raw contents.
 pub fn unescape(raw: &[u8]) -> Result<String, DecodeError> {
-    let bad = |at: usize, m: &str| DecodeError { message: m.to_string(), at };
+    let bad = |at: usize, message: &'static str| DecodeError { message, at, ended: false };
     let mut out: Vec<u8> = Vec::with_capacity(raw.len());
     let mut i = 0;
     let hex4 = |i: usize| -> Result<u32, DecodeError> {
@@ -440,6 +438,24 @@ mod tests {
         assert_eq!(v[1].unwrap().as_str().unwrap().unwrap(), "queso-curado");
         assert_eq!(v[2], Some(Scalar::Int(-15)));
         assert_eq!(v[3], None);
+    }
+
+    #[test]
+    fn finds_quotes_at_every_offset() {
+        for len in 0..40 {
+            for at in 0..=len {
+                let mut v = vec![b'a'; len];
+                if at < len {
+                    v[at] = if at % 2 == 0 { b'"' } else { b'\\' };
+                }
+                for start in 0..=at.min(len) {
+                    assert_eq!(find_quote_or_backslash(&v, start), at, "len {len} at {at} from {start}");
+                }
+            }
+        }
+        // A match byte just below a non-match byte that would borrow.
+        assert_eq!(find_quote_or_backslash(b"\x01\"zzzzzzzzz", 0), 1);
+        assert_eq!(find_quote_or_backslash(b"abc\xa2\x22xxxxxx", 0), 4);
     }
 
     #[test]

@@ -50,6 +50,11 @@ impl KeyTable {
         KeyFields { rest: self.encoded(id) }
     }
 
+    /// The key's fields as UTF-8 bytes (byte order is string order), without re-checking.
+    pub fn raw_fields(&self, id: u32) -> RawKeyFields<'_> {
+        RawKeyFields { rest: self.encoded(id) }
+    }
+
     pub fn len(&self) -> usize {
         self.keys.len()
     }
@@ -81,6 +86,23 @@ pub fn valid_key(encoded: &[u8]) -> bool {
         rest = &rest[4 + len as usize..];
     }
     true
+}
+
+/// Iterator over the fields of an encoded key, as bytes.
+pub struct RawKeyFields<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for RawKeyFields<'a> {
+    type Item = &'a [u8];
+    #[inline]
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let len_bytes: [u8; 4] = self.rest.get(..4)?.try_into().ok()?;
+        let len = u32::from_le_bytes(len_bytes) as usize;
+        let field = self.rest.get(4..4 + len)?;
+        self.rest = &self.rest[4 + len..];
+        Some(field)
+    }
 }
 
 /// Iterator over the fields of an encoded key.

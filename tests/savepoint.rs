@@ -19,17 +19,15 @@ struct Fixture {
     runtime: PluginRuntime,
 }
 
+/// The test stream: disorder, 0.4% late events, 0.2% malformed lines, other event types.
+fn stream() -> StockStream {
+    StockStream { events: EVENTS, seed: 7, late_fraction: 0.004, bad_fraction: 0.002, ..Default::default() }
+}
+
 fn fixture(threshold: i64, plugin_name: &str, batch_size: usize) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let spec = StockStream {
-        events: EVENTS,
-        seed: 7,
-        late_fraction: 0.004,
-        bad_fraction: 0.002,
-        ..Default::default()
-    };
     let mut f = std::fs::File::create(dir.path().join("in.jsonl")).unwrap();
-    stock_stream(&spec, &mut f).unwrap();
+    stock_stream(&stream(), &mut f).unwrap();
     let mut job = StockJob::new("2m", threshold);
     job.plugin = plugin(plugin_name);
     job.batch_size = batch_size;
@@ -218,14 +216,7 @@ fn dead_letters_are_counted_exactly_and_the_job_continues() {
     let s = fx.run(RunOptions::default());
     let dead = read_jsonl(&fx.path("out/dead-letter.jsonl"));
     // The generator wrote 0.2% malformed lines; its own count is the expectation.
-    let spec = StockStream {
-        events: EVENTS,
-        seed: 7,
-        late_fraction: 0.004,
-        bad_fraction: 0.002,
-        ..Default::default()
-    };
-    let g = stock_stream(&spec, &mut std::io::sink()).unwrap();
+    let g = stock_stream(&stream(), &mut std::io::sink()).unwrap();
     assert!(g.bad > 100);
     assert_eq!(s.counters.dead_lettered, g.bad);
     assert_eq!(dead.len() as u64, g.bad);

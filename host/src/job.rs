@@ -392,6 +392,13 @@ fn parse_f64(raw: &[u8]) -> Option<f64> {
     std::str::from_utf8(raw).ok()?.parse().ok()
 }
 
+/// Write one record to a side output (late events, dead letters).
+fn write_side(sink: &mut Option<JsonlSink>, buf: &mut Vec<u8>, record: &impl Serialize) -> Result<()> {
+    buf.clear();
+    serde_json::to_writer(&mut *buf, record).map_err(|e| Error::Usage(format!("encode side output: {e}")))?;
+    sink.as_mut().map_or(Ok(()), |s| s.write_line(buf))
+}
+
 /// The window operator and its outputs.
 struct Operator {
     decoder: Decoder,
@@ -519,10 +526,7 @@ impl Operator {
             offset: pos.offset,
             record: String::from_utf8_lossy(record),
         };
-        self.line_buf.clear();
-        serde_json::to_writer(&mut self.line_buf, &d)
-            .map_err(|e| Error::Usage(format!("encode dead letter: {e}")))?;
-        self.dead.as_mut().map_or(Ok(()), |s| s.write_line(&self.line_buf))
+        write_side(&mut self.dead, &mut self.line_buf, &d)
     }
 
     fn late_event(&mut self, t: i64, wm: i64, window: Window, record: &[u8], pos: Position) -> Result<()> {
@@ -538,10 +542,7 @@ impl Operator {
             offset: pos.offset,
             record: String::from_utf8_lossy(record),
         };
-        self.line_buf.clear();
-        serde_json::to_writer(&mut self.line_buf, &l)
-            .map_err(|e| Error::Usage(format!("encode late event: {e}")))?;
-        self.late.as_mut().map_or(Ok(()), |s| s.write_line(&self.line_buf))
+        write_side(&mut self.late, &mut self.line_buf, &l)
     }
 
     /// Hand the staged rows to the plugin.

@@ -25,6 +25,7 @@ mod bindings {
     });
 }
 
+use bindings::exports::km0::plugin::aggregate::Guest as AggregateExports;
 pub use bindings::km0::plugin::types::{
     Column, Emitted, Events, Field, FieldType, Groups, Packed, PluginInfo,
 };
@@ -145,41 +146,37 @@ impl Plugin {
         }
     }
 
+    /// Call an export; a trap and a refusal both become errors naming the call.
+    fn call<T>(
+        &mut self,
+        call: &'static str,
+        f: impl FnOnce(&AggregateExports, &mut Store<GuestState>) -> wasmtime::Result<Result<T, String>>,
+    ) -> Result<T> {
+        match f(self.instance.km0_plugin_aggregate(), &mut self.store) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(reason)) => Err(self.call_error(call, reason)),
+            Err(trap) => Err(self.call_error(call, format!("trapped: {trap:#}"))),
+        }
+    }
+
     /// Fold a batch into its groups' accumulators.
     pub fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
-        let n = groups.window_start.len();
-        let out = self
-            .instance
-            .km0_plugin_aggregate()
-            .call_add(&mut self.store, groups, events)
-            .map_err(|e| self.call_error("add", format!("trapped: {e:#}")))?
-            .map_err(|reason| self.call_error("add", reason))?;
-        self.check_packed("add", &out, n)?;
+        let out = self.call("add", |api, store| api.call_add(store, groups, events))?;
+        self.check_packed("add", &out, groups.window_start.len())?;
         Ok(out)
     }
 
     /// Pairwise merge of accumulators.
     pub fn merge(&mut self, left: &Packed, right: &Packed) -> Result<Packed> {
-        let n = left.ends.len();
-        let out = self
-            .instance
-            .km0_plugin_aggregate()
-            .call_merge(&mut self.store, left, right)
-            .map_err(|e| self.call_error("merge", format!("trapped: {e:#}")))?
-            .map_err(|reason| self.call_error("merge", reason))?;
-        self.check_packed("merge", &out, n)?;
+        let out = self.call("merge", |api, store| api.call_merge(store, left, right))?;
+        self.check_packed("merge", &out, left.ends.len())?;
         Ok(out)
     }
 
     /// Results of firing windows.
     pub fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
         let n = groups.window_start.len();
-        let out = self
-            .instance
-            .km0_plugin_aggregate()
-            .call_finish(&mut self.store, groups)
-            .map_err(|e| self.call_error("finish", format!("trapped: {e:#}")))?
-            .map_err(|reason| self.call_error("finish", reason))?;
+        let out = self.call("finish", |api, store| api.call_finish(store, groups))?;
         if let Some(bad) = out.iter().find(|e| e.group as usize >= n) {
             return Err(self.call_error("finish", format!("emitted for group {} of {n}", bad.group)));
         }
@@ -188,14 +185,8 @@ impl Plugin {
 
     /// Convert accumulators of state schema `from` to this plugin's schema.
     pub fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed> {
-        let n = accumulators.ends.len();
-        let out = self
-            .instance
-            .km0_plugin_aggregate()
-            .call_migrate(&mut self.store, from, accumulators)
-            .map_err(|e| self.call_error("migrate", format!("trapped: {e:#}")))?
-            .map_err(|reason| self.call_error("migrate", reason))?;
-        self.check_packed("migrate", &out, n)?;
+        let out = self.call("migrate", |api, store| api.call_migrate(store, from, accumulators))?;
+        self.check_packed("migrate", &out, accumulators.ends.len())?;
         Ok(out)
     }
 

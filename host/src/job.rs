@@ -408,8 +408,8 @@ struct Operator {
     state: WindowState,
     batch: Batch,
     batch_size: usize,
-    /// Smallest window end among staged rows (windows not yet in `state`).
-    staged_min_end: i64,
+    /// Smallest end among open and staged windows: the watermark that fires next.
+    next_fire: i64,
     fire_groups: Groups,
     plugin: Plugin,
     counters: Counters,
@@ -456,7 +456,7 @@ impl Operator {
             keys: KeyTable::default(),
             state: WindowState::default(),
             batch_size: pipeline.plugin.batch_size,
-            staged_min_end: i64::MAX,
+            next_fire: i64::MAX,
             fire_groups: empty_groups(key_arity as u32),
             plugin,
             counters: Counters::default(),
@@ -507,9 +507,9 @@ impl Operator {
         };
         self.batch.push_row(key, window, t);
         self.decoder.stage_columns(slots, &mut self.batch);
-        self.staged_min_end = self.staged_min_end.min(window.end);
+        self.next_fire = self.next_fire.min(window.end);
         let wm = self.watermark.observe(t);
-        if wm >= self.staged_min_end || self.state.next_end().is_some_and(|e| wm >= e) {
+        if wm >= self.next_fire {
             self.fire(wm)?;
         } else if self.batch.len() >= self.batch_size {
             self.flush()?;
@@ -555,7 +555,7 @@ impl Operator {
         for (i, (key, window)) in groups.into_iter().enumerate() {
             self.state.put(key, window, packed_item(&accs, i));
         }
-        self.staged_min_end = i64::MAX;
+        self.next_fire = self.state.next_end().unwrap_or(i64::MAX);
         Ok(())
     }
 
@@ -563,6 +563,7 @@ impl Operator {
     fn fire(&mut self, watermark: i64) -> Result<()> {
         self.flush()?;
         let closed = self.state.take_until(watermark);
+        self.next_fire = self.state.next_end().unwrap_or(i64::MAX);
         self.emit(closed)
     }
 
@@ -716,6 +717,7 @@ impl Operator {
             let id = self.keys.intern(&key);
             self.state.put(id, w.window, acc);
         }
+        self.next_fire = self.state.next_end().unwrap_or(i64::MAX);
         self.watermark = Watermark::restore(
             pipeline.event_time.watermark_delay_ms,
             meta.watermark.max_event_time,

@@ -127,7 +127,7 @@ fn deploy_v2_migrates_the_open_windows() {
     let sp = fx.run(stop_after(split)).savepoint.unwrap();
     let s =
         job::deploy(&fx.pipeline, &plugin("min-stock-v2"), &sp, &RunOptions::default(), &fx.runtime).unwrap();
-    assert_eq!(s.migrated, Some((1, 2)));
+    assert_eq!(s.migrated, vec![("window-aggregate".to_string(), 1, 2)]);
     assert_eq!(s.plugin.version, "0.2.0");
 
     let model = reference_stock(&fx.path("in.jsonl"), 120_000, split);
@@ -186,7 +186,7 @@ fn incompatible_plugins_are_refused_and_the_savepoint_is_untouched() {
 
     // A plain resume with a plugin of another state schema points at `km0 deploy`.
     let mut v1 = fx.pipeline.clone();
-    v1.plugin.path = plugin("min-stock");
+    v1.aggregations[0].plugin.path = plugin("min-stock");
     let err = job::run(&v1, &resume(&sp), &fx.runtime).unwrap_err();
     assert!(err.to_string().contains("km0 deploy"), "{err}");
 

@@ -1,36 +1,33 @@
-//! A running job: the single-threaded operator loop that takes records from the source,
-//! decodes and routes them (filtered, dead letter, late, accepted), stages accepted
-//! events into plugin batches, advances the watermark, fires windows through the plugin,
-//! and writes results; plus starting from and stopping with savepoints.
+//! A running job: the single-threaded loop that takes records from the source, decodes
+//! and routes them (filtered, dead letter, late, accepted), feeds each aggregation's
+//! [`WindowOperator`], advances the watermarks, and writes results and side outputs;
+//! plus starting from and stopping with savepoints.
 //!
-//! Batching never changes results: a batch is flushed into the plugin before any window
-//! fires, and lateness is decided per event against the watermark at its arrival, so
-//! the output equals event-at-a-time processing.
+//! Every aggregation of a pipeline reads the same decoded event: one parse serves all.
 
-use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile, WatermarkState};
-use crate::checkpoint::{Savepoint, SavepointMeta};
+use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile};
+use crate::checkpoint::{OperatorMeta, Savepoint, SavepointMeta};
 use crate::pipeline::{Pipeline, SinkSpec, SourceSpec};
-use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch};
-use crate::plugin::{packed_item, FieldType, Groups, Plugin, PluginRuntime};
-use crate::sink::{JsonlSink, SinkPosition};
+use crate::plugin::{Plugin, PluginIdentity, PluginRuntime};
+use crate::sink::JsonlSink;
 use crate::source::file::FileSource;
 use crate::source::json::{short_eq, Projection, Scalar};
 use crate::source::Position;
-use crate::state::{push_key_field, valid_key, Closed, KeyTable, WindowState};
-use crate::time::Watermark;
-use crate::window::{Assigner, Window};
+use crate::state::{push_key_field, valid_key};
+use crate::time::{Idleness, Watermarks};
+use crate::window::operator::{Emitted, OperatorCounters, Verdict, WindowOperator};
+use crate::window::Window;
 use crate::{metrics, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Most distinct fields a job may project (time, filter, key and plugin fields).
+/// Most distinct fields a job may project (time, filter, key, partition, plugin fields).
 pub const MAX_FIELDS: usize = 32;
-/// Stable id of the window operator's state in savepoints.
-pub const OPERATOR_ID: &str = "window-aggregate";
 
-/// What happened to the records, cumulative across savepoint resumes.
+/// What happened to the records, cumulative across savepoint resumes. The per-event
+/// counts are summed over the pipeline's aggregations.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     /// Records read from the source.
@@ -39,11 +36,13 @@ pub struct Counters {
     pub filtered: u64,
     /// Records sent to the dead-letter output.
     pub dead_lettered: u64,
-    /// Events whose window had already fired.
+    /// Events past every window's allowed lateness (late side output).
     pub late: u64,
+    /// Accepted events whose window had already fired (re-emitted within lateness).
+    pub late_updates: u64,
     /// Events added to a window.
     pub accepted: u64,
-    /// Windows that fired (with or without output).
+    /// Window results computed (with or without output).
     pub windows_fired: u64,
     /// Result records written.
     pub emitted: u64,
@@ -52,7 +51,7 @@ pub struct Counters {
 /// Command-line overrides of a run.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
-    /// Replace the file source's path.
+    /// Replace the file source's path (one partition).
     pub input: Option<PathBuf>,
     /// Replace the sink with this file.
     pub output: Option<PathBuf>,
@@ -64,18 +63,31 @@ pub struct RunOptions {
     pub from_savepoint: Option<PathBuf>,
 }
 
+/// One aggregation at the end of a run.
+#[derive(Debug, Clone)]
+pub struct OperatorSummary {
+    pub name: String,
+    pub plugin: PluginIdentity,
+    pub counters: OperatorCounters,
+    /// Slots still open (0 after end of input; in the savepoint otherwise).
+    pub open_slots: usize,
+    pub keys: usize,
+}
+
 /// How a run ended.
 #[derive(Debug, Clone)]
 pub struct Summary {
     pub counters: Counters,
-    /// Windows still open (0 after end of input; in the savepoint otherwise).
+    pub operators: Vec<OperatorSummary>,
+    /// Slots still open, over all aggregations.
     pub open_windows: usize,
     pub watermark: i64,
     /// The savepoint written, when the run stopped with one.
     pub savepoint: Option<PathBuf>,
-    /// State schema migration done at start (from, to).
-    pub migrated: Option<(u32, u32)>,
-    pub plugin: crate::plugin::PluginIdentity,
+    /// State schema migrations done at start: (aggregation, from, to).
+    pub migrated: Vec<(String, u32, u32)>,
+    /// The first aggregation's plugin.
+    pub plugin: PluginIdentity,
     /// Records read by this run (not counting those before a resume).
     pub records_this_run: u64,
     /// Wall time of the processing loop.
@@ -84,23 +96,24 @@ pub struct Summary {
     pub cpu: Duration,
 }
 
-/// How the job's plugin relates to the state it starts from.
+/// How the job's plugins relate to the state it starts from.
 enum Upgrade {
-    /// Same logic: state schema must match.
+    /// Same logic: state schemas must match.
     Resume,
-    /// `km0 deploy`: a new version, state migrated through its `migrate`.
-    Deploy,
+    /// `km0 deploy`: a new version of the plugin with this name, state migrated.
+    Deploy(String),
 }
 
 /// Run a pipeline (fresh, or resumed from `opts.from_savepoint`).
 pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<Summary> {
-    let plugin = runtime.load(&pipeline.plugin.path, &pipeline.plugin.config)?;
+    let plugins = load_plugins(pipeline, runtime, None)?;
     let restore = opts.from_savepoint.as_deref().map(savepoint::read).transpose()?;
-    start(pipeline, opts, plugin, restore, Upgrade::Resume)
+    start(pipeline, opts, plugins, restore, Upgrade::Resume)
 }
 
 /// Resume from a savepoint with a new plugin version, migrating its state. Refused (the
-/// savepoint untouched, nothing written) when the plugin cannot take the state.
+/// savepoint untouched, nothing written) when the plugin cannot take the state. The new
+/// plugin replaces every aggregation whose plugin has the same name.
 pub fn deploy(
     pipeline: &Pipeline,
     plugin_path: &Path,
@@ -108,126 +121,158 @@ pub fn deploy(
     opts: &RunOptions,
     runtime: &PluginRuntime,
 ) -> Result<Summary> {
-    let plugin =
-        runtime.load(plugin_path, &pipeline.plugin.config).map_err(|e| Error::Deploy(format!("{e}")))?;
     let restore = savepoint::read(from_savepoint)?;
-    start(pipeline, opts, plugin, Some(restore), Upgrade::Deploy)
+    let config = &pipeline.aggregations[0].plugin.config;
+    let new = runtime.load(plugin_path, config).map_err(|e| Error::Deploy(format!("{e}")))?;
+    let name = new.identity().name.clone();
+    if !restore.meta.operators.iter().any(|o| o.plugin.name == name) {
+        let held: Vec<&str> = restore.meta.operators.iter().map(|o| o.plugin.name.as_str()).collect();
+        return Err(Error::Deploy(format!(
+            "the savepoint holds state of plugin(s) {held:?}; plugin {name:?} is different logic and cannot take it"
+        )));
+    }
+    let plugins = load_plugins(pipeline, runtime, Some((plugin_path, &name, &restore)))?;
+    start(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name))
 }
 
-/// Check a pipeline and its plugin without running anything.
-pub fn validate(pipeline: &Pipeline, runtime: &PluginRuntime) -> Result<crate::plugin::PluginIdentity> {
-    let plugin = runtime.load(&pipeline.plugin.path, &pipeline.plugin.config)?;
-    Decoder::new(pipeline, &plugin)?;
-    Ok(plugin.identity().clone())
+/// The plugin of every aggregation; with `deploy`, the new component replaces the
+/// plugins that the savepoint holds under its name.
+fn load_plugins(
+    pipeline: &Pipeline,
+    runtime: &PluginRuntime,
+    deploy: Option<(&Path, &str, &Savepoint)>,
+) -> Result<Vec<Plugin>> {
+    pipeline
+        .aggregations
+        .iter()
+        .map(|a| {
+            let replaced = deploy.filter(|(_, name, sp)| {
+                sp.meta.operators.iter().any(|o| o.id == a.name && o.plugin.name == *name)
+            });
+            match replaced {
+                Some((path, _, _)) => {
+                    runtime.load(path, &a.plugin.config).map_err(|e| Error::Deploy(format!("{e}")))
+                }
+                None => runtime.load(&a.plugin.path, &a.plugin.config),
+            }
+        })
+        .collect()
+}
+
+/// Check a pipeline and its plugins without running anything.
+pub fn validate(pipeline: &Pipeline, runtime: &PluginRuntime) -> Result<Vec<PluginIdentity>> {
+    let plugins = load_plugins(pipeline, runtime, None)?;
+    let ids = plugins.iter().map(|p| p.identity().clone()).collect();
+    Job::new(pipeline, plugins)?;
+    Ok(ids)
 }
 
 fn start(
     pipeline: &Pipeline,
     opts: &RunOptions,
-    plugin: Plugin,
+    plugins: Vec<Plugin>,
     restore: Option<Savepoint>,
     upgrade: Upgrade,
 ) -> Result<Summary> {
-    let mut op = Operator::new(pipeline, plugin)?;
-    let mut migrated = None;
-    if let Some(sp) = &restore {
-        migrated = op.restore(pipeline, sp, upgrade)?;
-    }
-    let sink_pos =
-        |name: &str| restore.as_ref().and_then(|sp| sp.meta.sinks.iter().find(|s| s.name == name).cloned());
-    let input = match (&opts.input, &pipeline.source) {
-        (Some(p), _) => p.clone(),
-        (None, SourceSpec::File { path }) => path.clone(),
+    let mut job = Job::new(pipeline, plugins)?;
+    let (paths, partitioning) = match &pipeline.source {
+        SourceSpec::File { paths, partitioning } => match &opts.input {
+            Some(p) => (vec![p.clone()], partitioning.clone()),
+            None => (paths.clone(), partitioning.clone()),
+        },
     };
-    let resume_at =
-        restore.as_ref().map(|sp| {
-            sp.meta.source.partitions.first().cloned().ok_or_else(|| Error::Savepoint {
-                path: sp.path.clone(),
-                message: "no source position".into(),
-            })
-        });
-    let resume_at = resume_at.transpose()?;
-    let mut source = FileSource::open(&input, resume_at.as_ref())?;
+    let mut migrated = Vec::new();
+    if let Some(sp) = &restore {
+        migrated = job.restore(pipeline, sp, &upgrade)?;
+    }
+    let mut source = FileSource::open(&paths, restore.as_ref().map(|sp| &sp.meta.source))?;
+    if partitioning.field.is_none() && restore.is_none() {
+        for p in 0..source.partitions() {
+            job.watermarks.partition(&source.partition_name(p as u32));
+        }
+    }
 
     // Sinks are opened only once everything above has been checked.
-    op.output = Some(match (&opts.output, &pipeline.sink) {
+    let sink_pos =
+        |name: &str| restore.as_ref().and_then(|sp| sp.meta.sinks.iter().find(|s| s.name == name).cloned());
+    job.output = Some(match (&opts.output, &pipeline.sink) {
         (Some(p), _) => JsonlSink::open("output", p, sink_pos("output").as_ref())?,
         (None, SinkSpec::File { path }) => JsonlSink::open("output", path, sink_pos("output").as_ref())?,
         (None, SinkSpec::Stdout) => JsonlSink::stdout("output"),
     });
-    op.late = Some(JsonlSink::open("late", &pipeline.late, sink_pos("late").as_ref())?);
-    op.dead = Some(JsonlSink::open("dead_letter", &pipeline.dead_letter, sink_pos("dead_letter").as_ref())?);
-    op.source_name = input.display().to_string();
+    job.late = Some(JsonlSink::open("late", &pipeline.late, sink_pos("late").as_ref())?);
+    job.dead = Some(JsonlSink::open("dead_letter", &pipeline.dead_letter, sink_pos("dead_letter").as_ref())?);
+    job.sources = (0..source.partitions()).map(|p| source.partition_name(p as u32)).collect();
 
-    tracing::info!(
-        pipeline = %pipeline.name,
-        plugin = %format!("{} {}", op.plugin.identity().name, op.plugin.identity().version),
-        input = %input.display(),
-        resumed = restore.is_some(),
-        "job started"
-    );
+    tracing::info!(pipeline = %pipeline.name, partitions = source.partitions(), resumed = restore.is_some(), "job started");
     let read_before = source.records();
     let stop_after = opts.stop_with_savepoint_after;
     let cpu0 = metrics::thread_cpu_time();
     let t0 = Instant::now();
-    let mut stopped = false;
-    if stop_after != Some(0) {
+    let mut stopped = stop_after == Some(0);
+    if !stopped {
         while let Some((record, pos)) = source.next_record()? {
-            op.on_record(record, pos)?;
+            job.on_record(record, pos)?;
+            for p in source.take_ended() {
+                job.partition_ended(p)?;
+            }
             if stop_after.is_some_and(|n| source.records() - read_before >= n) {
                 stopped = true;
                 break;
             }
         }
-    } else {
-        stopped = true;
     }
-    op.flush()?;
     let mut savepoint_path = None;
     if stopped {
         let dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
         let path = dir.join(format!("savepoint-{:012}", source.records()));
-        op.write_savepoint(pipeline, &path, &source)?;
+        job.write_savepoint(pipeline, &path, &source)?;
         savepoint_path = Some(path);
     } else {
         // End of a bounded input: every open window fires.
-        let all = op.state.take_all();
-        op.emit(all)?;
-        op.commit_sinks()?;
+        for op in &mut job.ops {
+            op.drain(&mut job.results)?;
+        }
+        job.write_results()?;
+        for s in [&mut job.output, &mut job.late, &mut job.dead].into_iter().flatten() {
+            s.commit()?;
+        }
     }
     let elapsed = t0.elapsed();
     let cpu = metrics::thread_cpu_time().saturating_sub(cpu0);
+    let operators: Vec<OperatorSummary> = job
+        .ops
+        .iter()
+        .map(|op| OperatorSummary {
+            name: op.name().to_string(),
+            plugin: op.identity().clone(),
+            counters: op.counters().clone(),
+            open_slots: op.open_slots(),
+            keys: op.keys(),
+        })
+        .collect();
     Ok(Summary {
-        counters: op.counters.clone(),
-        open_windows: op.state.len(),
-        watermark: op.watermark.current(),
+        counters: job.counters(),
+        open_windows: operators.iter().map(|o| o.open_slots).sum(),
+        plugin: operators[0].plugin.clone(),
+        operators,
+        watermark: job.watermarks.current(),
         savepoint: savepoint_path,
         migrated,
-        plugin: op.plugin.identity().clone(),
         records_this_run: source.records() - read_before,
         elapsed,
         cpu,
     })
 }
 
-/// A projected value, checked against the type the plugin declared.
-#[derive(Clone, Copy)]
-enum Role {
-    Int,
-    Float,
-    Text,
-    Boolean,
-}
-
-/// Turns a record into an event: projection, filter, event time, key, plugin fields.
+/// Turns a record into an event: projection, filter, partition, event time, key.
 struct Decoder {
     projection: Projection,
     names: Vec<String>,
     time_slot: usize,
     filters: Vec<(usize, String)>,
     key_slots: Vec<usize>,
-    /// (slot, type) of every plugin column, in column order.
-    columns: Vec<(usize, Role)>,
+    partition_slot: Option<usize>,
 }
 
 /// Why a record is not an event.
@@ -237,7 +282,8 @@ enum Reject {
 }
 
 impl Decoder {
-    fn new(pipeline: &Pipeline, plugin: &Plugin) -> Result<Decoder> {
+    /// The decoder and, per aggregation, the projection slot of each plugin column.
+    fn new(pipeline: &Pipeline, plugins: &[Plugin]) -> Result<(Decoder, Vec<Vec<usize>>)> {
         let mut names: Vec<String> = Vec::new();
         let mut slot = |name: &str| -> usize {
             match names.iter().position(|n| n == name) {
@@ -251,21 +297,22 @@ impl Decoder {
         let time_slot = slot(&pipeline.event_time.field);
         let filters = pipeline.filter.iter().map(|(k, v)| (slot(k), v.clone())).collect();
         let key_slots = pipeline.key.iter().map(|k| slot(k)).collect();
+        let partition_slot = match &pipeline.source {
+            SourceSpec::File { partitioning, .. } => partitioning.field.as_deref().map(&mut slot),
+        };
         let mut columns = Vec::new();
-        for f in &plugin.info().fields {
-            if f.name.is_empty() {
-                return Err(Error::Plugin {
-                    plugin: plugin.identity().name.clone(),
-                    message: "declares a field with no name".into(),
-                });
+        for plugin in plugins {
+            let mut cols = Vec::new();
+            for f in &plugin.info().fields {
+                if f.name.is_empty() {
+                    return Err(Error::Plugin {
+                        plugin: plugin.identity().name.clone(),
+                        message: "declares a field with no name".into(),
+                    });
+                }
+                cols.push(slot(&f.name));
             }
-            let role = match f.type_ {
-                FieldType::Int => Role::Int,
-                FieldType::Float => Role::Float,
-                FieldType::Text => Role::Text,
-                FieldType::Boolean => Role::Boolean,
-            };
-            columns.push((slot(&f.name), role));
+            columns.push(cols);
         }
         if names.len() > MAX_FIELDS {
             return Err(Error::Pipeline {
@@ -273,7 +320,15 @@ impl Decoder {
                 message: format!("the job reads {} fields; at most {MAX_FIELDS}", names.len()),
             });
         }
-        Ok(Decoder { projection: Projection::new(&names), names, time_slot, filters, key_slots, columns })
+        let decoder = Decoder {
+            projection: Projection::new(&names),
+            names,
+            time_slot,
+            filters,
+            key_slots,
+            partition_slot,
+        };
+        Ok((decoder, columns))
     }
 
     fn missing(&self, slot: usize) -> Reject {
@@ -284,7 +339,7 @@ impl Decoder {
         Reject::Dead(format!("field `{}`: expected {want}, got {}", self.names[slot], got.kind()))
     }
 
-    /// Check the filter, event time and plugin fields; build the encoded key.
+    /// Check the filter and the event time.
     #[inline]
     fn event_time(&self, slots: &[Option<Scalar>]) -> Result<i64, Reject> {
         for (slot, want) in &self.filters {
@@ -312,12 +367,12 @@ impl Decoder {
         }
     }
 
+    /// Build the encoded key (UTF-8 is checked when a key is first seen: `valid_key`).
     #[inline]
     fn key(&self, slots: &[Option<Scalar>], out: &mut Vec<u8>) -> Result<(), Reject> {
         out.clear();
         for &k in &self.key_slots {
             match &slots[k] {
-                // UTF-8 is checked when a key is first seen (`valid_key`).
                 Some(Scalar::Str { raw, escaped: false }) => push_key_field(out, raw),
                 Some(s @ Scalar::Str { escaped: true, .. }) => match s.as_str() {
                     Some(Ok(v)) => push_key_field(out, v.as_bytes()),
@@ -334,88 +389,34 @@ impl Decoder {
         Ok(())
     }
 
-    /// Check every plugin column's value before anything is staged.
-    #[inline]
-    fn check_columns(&self, slots: &[Option<Scalar>]) -> Result<(), Reject> {
-        for &(slot, role) in &self.columns {
-            let Some(v) = &slots[slot] else {
-                return Err(self.missing(slot));
-            };
-            match (role, v) {
-                (Role::Int, Scalar::Int(_)) => {}
-                (Role::Int, _) => return Err(self.wrong(slot, "an integer", v)),
-                (Role::Float, Scalar::Int(_)) => {}
-                (Role::Float, Scalar::Number(raw)) => {
-                    if parse_f64(raw).is_none() {
-                        return Err(self.wrong(slot, "a number", v));
-                    }
-                }
-                (Role::Float, _) => return Err(self.wrong(slot, "a number", v)),
-                (Role::Boolean, Scalar::Bool(_)) => {}
-                (Role::Boolean, _) => return Err(self.wrong(slot, "a boolean", v)),
-                (Role::Text, Scalar::Str { .. }) => {
-                    if let Some(Err(e)) = v.as_str() {
-                        return Err(Reject::Dead(format!("field `{}`: {}", self.names[slot], e.message)));
-                    }
-                }
-                (Role::Text, _) => return Err(self.wrong(slot, "a string", v)),
-            }
-        }
-        Ok(())
-    }
-
-    /// Stage the checked plugin columns.
-    #[inline]
-    fn stage_columns(&self, slots: &[Option<Scalar>], batch: &mut Batch) {
-        for (col, &(slot, role)) in self.columns.iter().enumerate() {
-            match (role, slots[slot]) {
-                (Role::Int, Some(Scalar::Int(v))) => batch.push_int(col, v),
-                (Role::Float, Some(Scalar::Int(v))) => batch.push_float(col, v as f64),
-                (Role::Float, Some(Scalar::Number(raw))) => {
-                    batch.push_float(col, parse_f64(raw).unwrap_or(f64::NAN))
-                }
-                (Role::Boolean, Some(Scalar::Bool(b))) => batch.push_bool(col, b),
-                (Role::Text, Some(s)) => {
-                    let text = match s.as_str() {
-                        Some(Ok(t)) => t,
-                        _ => Cow::Borrowed(""),
-                    };
-                    batch.push_text(col, &text)
-                }
-                _ => unreachable!("columns are checked before staging"),
-            }
+    /// The partition named by the partition field (absent: the "" partition).
+    fn partition_name<'a>(&self, slots: &[Option<Scalar<'a>>]) -> Cow<'a, str> {
+        match self.partition_slot.and_then(|s| slots[s]) {
+            Some(s @ Scalar::Str { .. }) => match s.as_str() {
+                Some(Ok(v)) => v,
+                _ => Cow::Borrowed(""),
+            },
+            Some(Scalar::Int(i)) => Cow::Owned(i.to_string()),
+            _ => Cow::Borrowed(""),
         }
     }
 }
 
-fn parse_f64(raw: &[u8]) -> Option<f64> {
-    std::str::from_utf8(raw).ok()?.parse().ok()
-}
-
-/// Write one record to a side output (late events, dead letters).
-fn write_side(sink: &mut Option<JsonlSink>, buf: &mut Vec<u8>, record: &impl Serialize) -> Result<()> {
-    buf.clear();
-    serde_json::to_writer(&mut *buf, record).map_err(|e| Error::Usage(format!("encode side output: {e}")))?;
-    sink.as_mut().map_or(Ok(()), |s| s.write_line(buf))
-}
-
-/// The window operator and its outputs.
-struct Operator {
+/// The job's loop state.
+struct Job {
     decoder: Decoder,
-    assigner: Assigner,
-    watermark: Watermark,
-    keys: KeyTable,
-    state: WindowState,
-    batch: Batch,
-    batch_size: usize,
-    /// Smallest end among open and staged windows: the watermark that fires next.
-    next_fire: i64,
-    fire_groups: Groups,
-    plugin: Plugin,
-    counters: Counters,
+    ops: Vec<WindowOperator>,
+    watermarks: Watermarks,
+    /// Partitions by field value instead of by file.
+    by_field: bool,
+    read: u64,
+    filtered: u64,
+    dead_lettered: u64,
     key_buf: Vec<u8>,
     line_buf: Vec<u8>,
-    source_name: String,
+    results: Vec<Emitted>,
+    /// Input names by partition, for side outputs.
+    sources: Vec<String>,
     output: Option<JsonlSink>,
     late: Option<JsonlSink>,
     dead: Option<JsonlSink>,
@@ -433,6 +434,7 @@ struct DeadLetter<'a> {
 #[derive(Serialize)]
 struct LateEvent<'a> {
     reason: &'a str,
+    aggregation: &'a str,
     event_time: i64,
     watermark: i64,
     window_start: i64,
@@ -443,85 +445,182 @@ struct LateEvent<'a> {
     record: Cow<'a, str>,
 }
 
-impl Operator {
-    fn new(pipeline: &Pipeline, plugin: Plugin) -> Result<Operator> {
-        let decoder = Decoder::new(pipeline, &plugin)?;
-        let types: Vec<FieldType> = plugin.info().fields.iter().map(|f| f.type_).collect();
-        let key_arity = pipeline.key.len();
-        Ok(Operator {
-            batch: Batch::new(&types, key_arity, plugin.info().ordered_input),
+/// Write one record to a side output (late events, dead letters).
+fn write_side(sink: &mut Option<JsonlSink>, buf: &mut Vec<u8>, record: &impl Serialize) -> Result<()> {
+    buf.clear();
+    serde_json::to_writer(&mut *buf, record).map_err(|e| Error::Usage(format!("encode side output: {e}")))?;
+    sink.as_mut().map_or(Ok(()), |s| s.write_line(buf))
+}
+
+impl Job {
+    fn new(pipeline: &Pipeline, plugins: Vec<Plugin>) -> Result<Job> {
+        let (decoder, columns) = Decoder::new(pipeline, &plugins)?;
+        let prefixed = pipeline.aggregations.len() > 1;
+        let ops = pipeline
+            .aggregations
+            .iter()
+            .zip(plugins)
+            .zip(columns)
+            .map(|((a, plugin), cols)| {
+                WindowOperator::new(
+                    &a.name,
+                    prefixed,
+                    &a.window,
+                    plugin,
+                    a.plugin.batch_size,
+                    pipeline.key.len(),
+                    cols,
+                )
+            })
+            .collect();
+        let (idleness, by_field) = match &pipeline.source {
+            SourceSpec::File { partitioning: p, .. } => (
+                Idleness {
+                    timeout: p.idle_timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
+                    after_records: p.idle_after_records,
+                },
+                p.field.is_some(),
+            ),
+        };
+        Ok(Job {
             decoder,
-            assigner: Assigner::new(pipeline.window),
-            watermark: Watermark::new(pipeline.event_time.watermark_delay_ms),
-            keys: KeyTable::default(),
-            state: WindowState::default(),
-            batch_size: pipeline.plugin.batch_size,
-            next_fire: i64::MAX,
-            fire_groups: empty_groups(key_arity as u32),
-            plugin,
-            counters: Counters::default(),
+            ops,
+            watermarks: Watermarks::new(pipeline.event_time.watermark_delay_ms, idleness),
+            by_field,
+            read: 0,
+            filtered: 0,
+            dead_lettered: 0,
             key_buf: Vec::with_capacity(64),
             line_buf: Vec::with_capacity(256),
-            source_name: String::new(),
+            results: Vec::new(),
+            sources: Vec::new(),
             output: None,
             late: None,
             dead: None,
         })
     }
 
+    fn counters(&self) -> Counters {
+        let mut c = Counters {
+            read: self.read,
+            filtered: self.filtered,
+            dead_lettered: self.dead_lettered,
+            ..Counters::default()
+        };
+        for op in &self.ops {
+            let o = op.counters();
+            c.accepted += o.accepted;
+            c.late += o.late;
+            c.late_updates += o.late_updates;
+            c.windows_fired += o.windows_fired;
+            c.emitted += o.emitted;
+        }
+        c
+    }
+
     /// Process one record.
     #[inline]
     fn on_record(&mut self, record: &[u8], pos: Position) -> Result<()> {
-        self.counters.read += 1;
+        self.read += 1;
         let mut slots = [None; MAX_FIELDS];
         let slots = &mut slots[..self.decoder.projection.len()];
         if let Err(e) = self.decoder.projection.scan(record, slots) {
+            if !self.by_field {
+                self.watermarks.on_record(pos.partition as usize);
+            }
             return self.dead_letter(&format!("not a valid JSON object: {e}"), record, pos);
+        }
+        let partition = if self.by_field {
+            let name = self.decoder.partition_name(slots);
+            self.watermarks.partition(&name)
+        } else {
+            pos.partition as usize
+        };
+        let before = self.watermarks.current();
+        let wm = self.watermarks.on_record(partition);
+        if wm > before {
+            self.advance(wm)?;
         }
         let checked = self
             .decoder
             .event_time(slots)
             .and_then(|t| self.decoder.key(slots, &mut self.key_buf).map(|_| t))
-            .and_then(|t| self.decoder.check_columns(slots).map(|_| t));
+            .and_then(|t| {
+                for op in &self.ops {
+                    op.check(slots, &self.decoder.names).map_err(Reject::Dead)?;
+                }
+                Ok(t)
+            });
         let t = match checked {
             Ok(t) => t,
             Err(Reject::Filtered) => {
-                self.counters.filtered += 1;
+                self.filtered += 1;
                 return Ok(());
             }
             Err(Reject::Dead(reason)) => return self.dead_letter(&reason, record, pos),
         };
-        let known = self.keys.get(&self.key_buf);
-        if known.is_none() && !valid_key(&self.key_buf) {
+        if !self.ops[0].knows_key(&self.key_buf) && !valid_key(&self.key_buf) {
             return self.dead_letter("a key field is not valid UTF-8", record, pos);
         }
-        let window = self.assigner.assign(t);
-        let wm = self.watermark.current();
-        if window.end <= wm {
-            return self.late_event(t, wm, window, record, pos);
+        for i in 0..self.ops.len() {
+            match self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)? {
+                Verdict::Accepted => {}
+                Verdict::Late { window } => self.late_event(i, t, wm, window, record, pos)?,
+            }
         }
-        self.counters.accepted += 1;
-        let key = match known {
-            Some(id) => id,
-            None => self.keys.insert(&self.key_buf),
-        };
-        self.batch.push_row(key, window, t);
-        self.decoder.stage_columns(slots, &mut self.batch);
-        self.next_fire = self.next_fire.min(window.end);
-        let wm = self.watermark.observe(t);
-        if wm >= self.next_fire {
-            self.fire(wm)?;
-        } else if self.batch.len() >= self.batch_size {
-            self.flush()?;
+        // A late event cannot move the watermark: its time is below it.
+        let after = self.watermarks.observe(partition, t);
+        if after > wm {
+            self.advance(after)?;
+        }
+        if !self.results.is_empty() {
+            self.write_results()?;
+        }
+        Ok(())
+    }
+
+    /// A partition's input ended: it stops holding the watermark back.
+    fn partition_ended(&mut self, p: u32) -> Result<()> {
+        if self.by_field {
+            return Ok(());
+        }
+        let before = self.watermarks.current();
+        let wm = self.watermarks.finish(p as usize);
+        if wm > before {
+            self.advance(wm)?;
+            self.write_results()?;
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, wm: i64) -> Result<()> {
+        for op in &mut self.ops {
+            op.advance(wm, &mut self.results)?;
+        }
+        Ok(())
+    }
+
+    fn write_results(&mut self) -> Result<()> {
+        for e in self.results.drain(..) {
+            self.line_buf.clear();
+            self.line_buf.extend_from_slice(b"{\"key\":");
+            serde_json::to_writer(&mut self.line_buf, &e.key)
+                .map_err(|err| Error::Usage(format!("encode result key: {err}")))?;
+            self.line_buf.extend_from_slice(b",\"value\":");
+            self.line_buf.extend_from_slice(e.value.as_bytes());
+            self.line_buf.push(b'}');
+            if let Some(s) = self.output.as_mut() {
+                s.write_line(&self.line_buf)?;
+            }
         }
         Ok(())
     }
 
     fn dead_letter(&mut self, reason: &str, record: &[u8], pos: Position) -> Result<()> {
-        self.counters.dead_lettered += 1;
+        self.dead_lettered += 1;
         let d = DeadLetter {
             reason,
-            source: &self.source_name,
+            source: self.sources.get(pos.partition as usize).map_or("", String::as_str),
             line: pos.line,
             offset: pos.offset,
             record: String::from_utf8_lossy(record),
@@ -529,154 +628,80 @@ impl Operator {
         write_side(&mut self.dead, &mut self.line_buf, &d)
     }
 
-    fn late_event(&mut self, t: i64, wm: i64, window: Window, record: &[u8], pos: Position) -> Result<()> {
-        self.counters.late += 1;
+    fn late_event(
+        &mut self,
+        op: usize,
+        t: i64,
+        wm: i64,
+        window: Window,
+        record: &[u8],
+        pos: Position,
+    ) -> Result<()> {
         let l = LateEvent {
-            reason: "late: its window already fired",
+            reason: "late: past its windows' allowed lateness",
+            aggregation: self.ops[op].name(),
             event_time: t,
             watermark: wm,
             window_start: window.start,
             window_end: window.end,
-            source: &self.source_name,
+            source: self.sources.get(pos.partition as usize).map_or("", String::as_str),
             line: pos.line,
             offset: pos.offset,
             record: String::from_utf8_lossy(record),
         };
-        write_side(&mut self.late, &mut self.line_buf, &l)
-    }
-
-    /// Hand the staged rows to the plugin.
-    fn flush(&mut self) -> Result<()> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        let groups = self.batch.assemble(&self.keys, &self.state);
-        let accs = self.plugin.add(&self.batch.groups, &self.batch.events)?;
-        for (i, (key, window)) in groups.into_iter().enumerate() {
-            self.state.put(key, window, packed_item(&accs, i));
-        }
-        self.next_fire = self.state.next_end().unwrap_or(i64::MAX);
+        write_side(&mut self.late, &mut self.line_buf, &l)?;
+        self.ops[op].count_late();
         Ok(())
     }
 
-    /// Fire every window the watermark has passed.
-    fn fire(&mut self, watermark: i64) -> Result<()> {
-        self.flush()?;
-        let closed = self.state.take_until(watermark);
-        self.next_fire = self.state.next_end().unwrap_or(i64::MAX);
-        self.emit(closed)
-    }
-
-    /// Ask the plugin for the results of closed windows and write them, in a
-    /// deterministic order: by window end, start, then key fields.
-    fn emit(&mut self, mut closed: Vec<Closed>) -> Result<()> {
-        if closed.is_empty() {
-            return Ok(());
-        }
-        let keys = &self.keys;
-        closed.sort_by(|a, b| {
-            (a.window.end, a.window.start)
-                .cmp(&(b.window.end, b.window.start))
-                .then_with(|| keys.raw_fields(a.key).cmp(keys.raw_fields(b.key)))
-        });
-        for chunk in closed.chunks(self.batch_size) {
-            fill_groups(
-                &mut self.fire_groups,
-                &self.keys,
-                chunk.iter().map(|c| (c.key, c.window, c.acc.as_slice())),
-            );
-            let emitted = self.plugin.finish(&self.fire_groups)?;
-            self.counters.windows_fired += chunk.len() as u64;
-            for e in emitted {
-                let c = &chunk[e.group as usize];
-                self.write_result(c.key, c.window, &e.value)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn write_result(&mut self, key: u32, window: Window, value: &str) -> Result<()> {
-        let bad = |m: String| Error::PluginCall {
-            plugin: self.plugin.identity().name.clone(),
-            call: "finish",
-            message: m,
-        };
-        if !value.trim_start().starts_with('{') {
-            return Err(bad(format!("emitted a value that is not a JSON object: {value:.200}")));
-        }
-        let mut k = window.start.to_string();
-        for f in self.keys.fields(key) {
-            k.push('|');
-            k.push_str(f);
-        }
-        self.line_buf.clear();
-        self.line_buf.extend_from_slice(b"{\"key\":");
-        serde_json::to_writer(&mut self.line_buf, &k).map_err(|e| bad(e.to_string()))?;
-        self.line_buf.extend_from_slice(b",\"value\":");
-        if value.contains(['\n', '\r']) {
-            // Keep one record per line: re-encode (checks the JSON too).
-            let v: serde_json::Value =
-                serde_json::from_str(value).map_err(|e| bad(format!("invalid JSON: {e}")))?;
-            serde_json::to_writer(&mut self.line_buf, &v).map_err(|e| bad(e.to_string()))?;
-        } else {
-            serde_json::from_str::<serde::de::IgnoredAny>(value)
-                .map_err(|e| bad(format!("invalid JSON: {e}")))?;
-            self.line_buf.extend_from_slice(value.as_bytes());
-        }
-        self.line_buf.push(b'}');
-        self.counters.emitted += 1;
-        self.output.as_mut().map_or(Ok(()), |s| s.write_line(&self.line_buf))
-    }
-
-    fn commit_sinks(&mut self) -> Result<Vec<SinkPosition>> {
-        let mut out = Vec::new();
-        for s in [&mut self.output, &mut self.late, &mut self.dead].into_iter().flatten() {
-            out.extend(s.commit()?);
-        }
-        Ok(out)
-    }
-
-    /// Load a savepoint's state into this (fresh) operator.
+    /// Load a savepoint's state into this (fresh) job. Returns the migrations done.
     fn restore(
         &mut self,
         pipeline: &Pipeline,
         sp: &Savepoint,
-        upgrade: Upgrade,
-    ) -> Result<Option<(u32, u32)>> {
+        upgrade: &Upgrade,
+    ) -> Result<Vec<(String, u32, u32)>> {
         let refuse = |m: String| match upgrade {
-            Upgrade::Deploy => Error::Deploy(m),
+            Upgrade::Deploy(_) => Error::Deploy(m),
             Upgrade::Resume => Error::Savepoint { path: sp.path.clone(), message: m },
         };
         let meta = &sp.meta;
-        if meta.operator != OPERATOR_ID {
-            return Err(refuse(format!("holds operator {:?}, this job runs {OPERATOR_ID:?}", meta.operator)));
-        }
         if meta.pipeline.fingerprint != pipeline.state_fingerprint() {
             return Err(refuse(format!(
-                "was taken from pipeline {:?} with another key, window, event-time field or filter; \
+                "was taken from pipeline {:?} with other keys, windows, event-time field or filter; \
                  its state does not fit pipeline {:?}",
                 meta.pipeline.name, pipeline.name
             )));
         }
-        let old = &meta.plugin;
-        let new = self.plugin.identity().clone();
-        if old.name != new.name {
-            return Err(refuse(format!(
-                "the savepoint holds state of plugin {:?}; plugin {:?} is different logic and cannot take it",
-                old.name, new.name
-            )));
-        }
-        if let Some(bad) = sp.windows.iter().find(|w| w.key.len() != pipeline.key.len()) {
-            return Err(refuse(format!(
-                "window key {:?} does not have {} fields",
-                bad.key,
-                pipeline.key.len()
-            )));
-        }
-        let mut accs: Vec<Vec<u8>> = sp.windows.iter().map(|w| w.acc.clone()).collect();
-        let mut migrated = None;
-        match upgrade {
-            Upgrade::Resume if old.state_schema != new.state_schema => {
+        let mut migrated = Vec::new();
+        let mut snapshots = Vec::new();
+        for op in &mut self.ops {
+            let Some(i) = meta.operators.iter().position(|o| o.id == op.name()) else {
+                return Err(refuse(format!("holds no state for aggregation {:?}", op.name())));
+            };
+            let (saved, mut snap) = (&meta.operators[i], sp.snapshots[i].clone());
+            let (old, new) = (&saved.plugin, op.identity().clone());
+            if old.name != new.name {
+                return Err(refuse(format!(
+                    "aggregation {:?}: the savepoint holds state of plugin {:?}; plugin {:?} is different logic",
+                    op.name(),
+                    old.name,
+                    new.name
+                )));
+            }
+            if let Some(bad) = snap.slots.iter().find(|s| s.key.len() != pipeline.key.len()) {
+                return Err(refuse(format!("key {:?} does not have {} fields", bad.key, pipeline.key.len())));
+            }
+            let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
+            if deploying {
+                op.migrate(old.state_schema, &mut snap).map_err(|e| {
+                    Error::Deploy(format!(
+                        "{} {} (state schema {}) cannot take the savepoint's state (schema {}): {e}",
+                        new.name, new.version, new.state_schema, old.state_schema
+                    ))
+                })?;
+                migrated.push((op.name().to_string(), old.state_schema, new.state_schema));
+            } else if old.state_schema != new.state_schema {
                 return Err(refuse(format!(
                     "the savepoint's accumulators have state schema {} but {} {} uses schema {}: deploy it with \
                      `km0 deploy PLUGIN.wasm --from-savepoint {}` to migrate",
@@ -686,76 +711,70 @@ impl Operator {
                     new.state_schema,
                     sp.path.display()
                 )));
+            } else if old.sha256 != new.sha256 {
+                tracing::warn!(from = %old.version, to = %new.version, "resuming with another build of the plugin (same state schema)");
             }
-            Upgrade::Resume => {
-                if old.sha256 != new.sha256 {
-                    tracing::warn!(from = %old.version, to = %new.version, "resuming with a different build of the plugin (same state schema)");
-                }
-            }
-            Upgrade::Deploy => {
-                let mut out = Vec::with_capacity(accs.len());
-                for chunk in accs.chunks(self.batch_size.max(1)) {
-                    let packed = packed_of(chunk.iter().map(Vec::as_slice));
-                    let m = self.plugin.migrate(old.state_schema, &packed).map_err(|e| {
-                        Error::Deploy(format!(
-                            "{} {} (state schema {}) cannot take the savepoint's state (schema {}): {e}",
-                            new.name, new.version, new.state_schema, old.state_schema
-                        ))
-                    })?;
-                    out.extend((0..chunk.len()).map(|i| packed_item(&m, i).to_vec()));
-                }
-                accs = out;
-                migrated = Some((old.state_schema, new.state_schema));
-            }
+            snapshots.push(snap);
         }
-        let mut key = Vec::new();
-        for (w, acc) in sp.windows.iter().zip(&accs) {
-            key.clear();
-            for f in &w.key {
-                push_key_field(&mut key, f.as_bytes());
-            }
-            let id = self.keys.intern(&key);
-            self.state.put(id, w.window, acc);
+        // Everything checked: now load.
+        let idleness = match &pipeline.source {
+            SourceSpec::File { partitioning: p, .. } => Idleness {
+                timeout: p.idle_timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
+                after_records: p.idle_after_records,
+            },
+        };
+        self.watermarks =
+            Watermarks::restore(pipeline.event_time.watermark_delay_ms, idleness, &meta.watermark);
+        let wm = self.watermarks.current();
+        for (op, snap) in self.ops.iter_mut().zip(&snapshots) {
+            op.restore(snap, wm)?;
         }
-        self.next_fire = self.state.next_end().unwrap_or(i64::MAX);
-        self.watermark = Watermark::restore(
-            pipeline.event_time.watermark_delay_ms,
-            meta.watermark.max_event_time,
-            meta.watermark.current,
-        );
-        self.counters = meta.counters.clone();
+        self.read = meta.counters.read;
+        self.filtered = meta.counters.filtered;
+        self.dead_lettered = meta.counters.dead_lettered;
         Ok(migrated)
     }
 
     fn write_savepoint(&mut self, pipeline: &Pipeline, path: &Path, source: &FileSource) -> Result<()> {
-        let sinks = self.commit_sinks()?;
+        let mut snapshots = Vec::new();
+        for op in &mut self.ops {
+            snapshots.push(op.snapshot()?);
+        }
+        self.write_results()?;
+        let mut sinks = Vec::new();
+        for s in [&mut self.output, &mut self.late, &mut self.dead].into_iter().flatten() {
+            sinks.extend(s.commit()?);
+        }
+        let operators = self
+            .ops
+            .iter()
+            .zip(&snapshots)
+            .map(|(op, snap)| OperatorMeta {
+                id: op.name().to_string(),
+                plugin: op.identity().clone(),
+                slots: snap.slots.len() as u64,
+                rows: snap.rows.len() as u64,
+                counters: snap.counters.clone(),
+            })
+            .collect();
         let meta = SavepointMeta {
             format: savepoint::FORMAT.into(),
             format_version: savepoint::FORMAT_VERSION,
             km0_version: env!("CARGO_PKG_VERSION").into(),
             created_at_ms: metrics::now_ms(),
-            operator: OPERATOR_ID.into(),
             pipeline: PipelineIdentity {
                 name: pipeline.name.clone(),
                 fingerprint: pipeline.state_fingerprint(),
             },
-            plugin: self.plugin.identity().clone(),
+            operators,
             source: source.position(),
-            watermark: WatermarkState {
-                current: self.watermark.current(),
-                max_event_time: self.watermark.max_event_time(),
-            },
-            counters: self.counters.clone(),
+            watermark: self.watermarks.save(),
+            counters: self.counters(),
             sinks,
             state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
         };
-        let keys = &self.keys;
-        savepoint::write(
-            path,
-            meta,
-            self.state.iter().map(|(k, w, acc)| (keys.fields(k).collect(), w, acc)),
-        )?;
-        tracing::info!(path = %path.display(), windows = self.state.len(), "savepoint written");
+        savepoint::write(path, meta, &snapshots)?;
+        tracing::info!(path = %path.display(), "savepoint written");
         Ok(())
     }
 }

@@ -125,21 +125,21 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Validate { pipeline } => {
             let p = load(&pipeline)?;
-            let id = job::validate(&p, &PluginRuntime::new()?)?;
-            println!(
-                "ok: pipeline {:?}, plugin {} {} (state schema {}, contract {}, sha256 {})",
-                p.name, id.name, id.version, id.state_schema, id.contract, id.sha256
-            );
+            let ids = job::validate(&p, &PluginRuntime::new()?)?;
+            println!("ok: pipeline {:?}", p.name);
+            for (a, id) in p.aggregations.iter().zip(ids) {
+                println!(
+                    "  aggregation {:?}: plugin {} {} (state schema {}, contract {}, sha256 {})",
+                    a.name, id.name, id.version, id.state_schema, id.contract, id.sha256
+                );
+            }
         }
         Command::Deploy { plugin, from_savepoint, pipeline, args } => {
             let p = load(&pipeline)?;
             let runtime = PluginRuntime::new()?;
             let summary = job::deploy(&p, &plugin, &from_savepoint, &options(args, None), &runtime)?;
-            if let Some((from, to)) = summary.migrated {
-                eprintln!(
-                    "km0: migrated state schema {from} -> {to} with {} {}",
-                    summary.plugin.name, summary.plugin.version
-                );
+            for (aggregation, from, to) in &summary.migrated {
+                eprintln!("km0: aggregation {aggregation:?}: migrated state schema {from} -> {to}");
             }
             print_summary(&summary);
         }
@@ -174,9 +174,25 @@ fn run(cli: Cli) -> Result<()> {
 fn print_summary(s: &Summary) {
     let c = &s.counters;
     eprintln!(
-        "km0: read {} records: {} accepted, {} filtered, {} late, {} dead-lettered; {} windows fired, {} results emitted",
-        c.read, c.accepted, c.filtered, c.late, c.dead_lettered, c.windows_fired, c.emitted
+        "km0: read {} records: {} filtered, {} dead-lettered; {} accepted, {} late, {} late updates; {} windows fired, {} results emitted",
+        c.read, c.filtered, c.dead_lettered, c.accepted, c.late, c.late_updates, c.windows_fired, c.emitted
     );
+    if s.operators.len() > 1 {
+        for o in &s.operators {
+            let c = &o.counters;
+            eprintln!(
+                "km0:   {} ({} {}): {} accepted, {} late, {} late updates, {} windows fired, {} emitted",
+                o.name,
+                o.plugin.name,
+                o.plugin.version,
+                c.accepted,
+                c.late,
+                c.late_updates,
+                c.windows_fired,
+                c.emitted
+            );
+        }
+    }
     let secs = s.cpu.as_secs_f64();
     if s.records_this_run > 0 && secs > 0.0 {
         eprintln!(

@@ -18,8 +18,8 @@ pub struct Pipeline {
     pub source: SourceSpec,
     pub filter: BTreeMap<String, String>,
     pub event_time: EventTimeSpec,
-    pub window: WindowSpec,
-    pub plugin: PluginSpec,
+    /// The windowed aggregations over the source (one, or several sharing one read).
+    pub aggregations: Vec<Aggregation>,
     pub sink: SinkSpec,
     pub late: PathBuf,
     pub dead_letter: PathBuf,
@@ -28,8 +28,30 @@ pub struct Pipeline {
 
 #[derive(Debug, Clone)]
 pub enum SourceSpec {
-    /// JSON lines from a file (`-` is standard input).
-    File { path: PathBuf },
+    /// JSON lines from files (`-` is standard input); each file is a partition.
+    File { paths: Vec<PathBuf>, partitioning: Partitioning },
+}
+
+/// How records map to partitions, each with its own watermark.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Partitioning {
+    /// Partition by this field's value instead of by file.
+    pub field: Option<String>,
+    /// A partition with no records for this long (processing time) stops holding the
+    /// watermark back.
+    pub idle_timeout_ms: Option<i64>,
+    /// ... or after this many records of other partitions (deterministic, for replays).
+    pub idle_after_records: Option<u64>,
+}
+
+/// One windowed aggregation: a window and the plugin that aggregates it.
+#[derive(Debug, Clone)]
+pub struct Aggregation {
+    /// Stable operator id (savepoints) and, with several aggregations, the result key's
+    /// first part.
+    pub name: String,
+    pub window: WindowSpec,
+    pub plugin: PluginSpec,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -41,9 +63,26 @@ pub struct EventTimeSpec {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WindowSpec {
+    pub kind: WindowKind,
+    /// How long after firing a window still takes late events (re-emitting it).
+    pub allowed_lateness_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
-pub enum WindowSpec {
-    Tumbling { size_ms: i64 },
+pub enum WindowKind {
+    Tumbling {
+        size_ms: i64,
+    },
+    /// `size_ms` is a multiple of `slide_ms`; each event goes into one pane of `slide_ms`.
+    Sliding {
+        size_ms: i64,
+        slide_ms: i64,
+    },
+    Session {
+        gap_ms: i64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -72,8 +111,12 @@ struct RawPipeline {
     #[serde(default)]
     filter: BTreeMap<String, String>,
     event_time: RawEventTime,
-    window: RawWindow,
-    plugin: RawPlugin,
+    #[serde(default)]
+    window: Option<RawWindow>,
+    #[serde(default)]
+    plugin: Option<RawPlugin>,
+    #[serde(default)]
+    aggregations: Vec<RawAggregation>,
     sink: RawSink,
     late: RawPath,
     dead_letter: RawPath,
@@ -84,7 +127,26 @@ struct RawPipeline {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
 enum RawSource {
-    File { path: String },
+    File {
+        #[serde(default)]
+        path: Option<String>,
+        #[serde(default)]
+        paths: Vec<String>,
+        #[serde(default)]
+        partition_field: Option<String>,
+        #[serde(default, deserialize_with = "opt_duration_ms")]
+        idle_timeout: Option<i64>,
+        #[serde(default)]
+        idle_after_records: Option<u64>,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAggregation {
+    name: String,
+    window: RawWindow,
+    plugin: RawPlugin,
 }
 
 #[derive(Deserialize)]
@@ -96,12 +158,25 @@ struct RawEventTime {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
-enum RawWindow {
-    Tumbling {
-        #[serde(deserialize_with = "duration_ms")]
-        size: i64,
-    },
+#[serde(deny_unknown_fields)]
+struct RawWindow {
+    kind: RawWindowKind,
+    #[serde(default, deserialize_with = "opt_duration_ms")]
+    size: Option<i64>,
+    #[serde(default, deserialize_with = "opt_duration_ms")]
+    slide: Option<i64>,
+    #[serde(default, deserialize_with = "opt_duration_ms")]
+    gap: Option<i64>,
+    #[serde(default, deserialize_with = "opt_duration_ms")]
+    allowed_lateness: Option<i64>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum RawWindowKind {
+    Tumbling,
+    Sliding,
+    Session,
 }
 
 #[derive(Deserialize)]
@@ -149,6 +224,10 @@ fn duration_ms<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     }
 }
 
+fn opt_duration_ms<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    duration_ms(d).map(Some)
+}
+
 pub fn parse_duration_ms(s: &str) -> Result<i64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -164,6 +243,54 @@ pub fn parse_duration_ms(s: &str) -> Result<i64, String> {
         other => return Err(format!("duration {s:?}: unknown unit {other:?} (ms, s, m, h)")),
     };
     n.checked_mul(factor).ok_or_else(|| format!("duration {s:?} is too large"))
+}
+
+fn window_spec(w: RawWindow, at: &str) -> Result<WindowSpec, String> {
+    let need = |v: Option<i64>, name: &str| -> Result<i64, String> {
+        match v {
+            Some(v) if v > 0 => Ok(v),
+            Some(_) => Err(format!("`{at}.{name}` must be positive")),
+            None => Err(format!("`{at}.{name}` is required for this window kind")),
+        }
+    };
+    let refuse = |v: Option<i64>, name: &str| match v {
+        Some(_) => Err(format!("`{at}.{name}` does not apply to this window kind")),
+        None => Ok(()),
+    };
+    let kind = match w.kind {
+        RawWindowKind::Tumbling => {
+            refuse(w.slide, "slide")?;
+            refuse(w.gap, "gap")?;
+            WindowKind::Tumbling { size_ms: need(w.size, "size")? }
+        }
+        RawWindowKind::Sliding => {
+            refuse(w.gap, "gap")?;
+            let (size_ms, slide_ms) = (need(w.size, "size")?, need(w.slide, "slide")?);
+            if size_ms % slide_ms != 0 {
+                return Err(format!("`{at}.size` must be a multiple of `{at}.slide`"));
+            }
+            WindowKind::Sliding { size_ms, slide_ms }
+        }
+        RawWindowKind::Session => {
+            refuse(w.size, "size")?;
+            refuse(w.slide, "slide")?;
+            WindowKind::Session { gap_ms: need(w.gap, "gap")? }
+        }
+    };
+    Ok(WindowSpec { kind, allowed_lateness_ms: w.allowed_lateness.unwrap_or(0) })
+}
+
+fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Result<PluginSpec, String> {
+    let batch_size = p.batch_size.unwrap_or(8192);
+    if batch_size == 0 {
+        return Err(format!("`{at}.batch_size` must be positive"));
+    }
+    let mut config = Vec::new();
+    for (k, v) in p.config {
+        let json = serde_json::to_string(&v).map_err(|e| format!("`{at}.config.{k}`: {e}"))?;
+        config.push((k, json));
+    }
+    Ok(PluginSpec { path: resolve(&p.path), config, batch_size })
 }
 
 impl Pipeline {
@@ -198,21 +325,53 @@ impl Pipeline {
         if raw.event_time.field.is_empty() {
             return Err(err("`event_time.field` is empty".into()));
         }
-        let window = match raw.window {
-            RawWindow::Tumbling { size } if size > 0 => WindowSpec::Tumbling { size_ms: size },
-            RawWindow::Tumbling { .. } => return Err(err("`window.size` must be positive".into())),
-        };
-        let batch_size = raw.plugin.batch_size.unwrap_or(8192);
-        if batch_size == 0 {
-            return Err(err("`plugin.batch_size` must be positive".into()));
-        }
-        let mut config = Vec::new();
-        for (k, v) in raw.plugin.config {
-            let json = serde_json::to_string(&v).map_err(|e| err(format!("`plugin.config.{k}`: {e}")))?;
-            config.push((k, json));
-        }
+        let aggregations =
+            match (raw.window, raw.plugin, raw.aggregations.is_empty()) {
+                (Some(w), Some(p), true) => vec![Aggregation {
+                    name: "window-aggregate".into(),
+                    window: window_spec(w, "window").map_err(err)?,
+                    plugin: plugin_spec(p, "plugin", &resolve).map_err(err)?,
+                }],
+                (None, None, false) => {
+                    let mut out: Vec<Aggregation> = Vec::new();
+                    for (i, a) in raw.aggregations.into_iter().enumerate() {
+                        let at = format!("aggregations[{i}]");
+                        if a.name.is_empty() || a.name.contains('|') {
+                            return Err(err(format!("`{at}.name` must be non-empty and without '|'")));
+                        }
+                        if out.iter().any(|o| o.name == a.name) {
+                            return Err(err(format!("`{at}.name` {:?} is used twice", a.name)));
+                        }
+                        out.push(Aggregation {
+                            name: a.name,
+                            window: window_spec(a.window, &format!("{at}.window")).map_err(err)?,
+                            plugin: plugin_spec(a.plugin, &format!("{at}.plugin"), &resolve).map_err(err)?,
+                        });
+                    }
+                    out
+                }
+                _ => return Err(err(
+                    "give either `[window]` and `[plugin]` (one aggregation) or `[[aggregations]]` (several)"
+                        .into(),
+                )),
+            };
         let source = match raw.source {
-            RawSource::File { path } => SourceSpec::File { path: resolve(&path) },
+            RawSource::File { path, paths, partition_field, idle_timeout, idle_after_records } => {
+                let mut all: Vec<PathBuf> = path.iter().map(|p| resolve(p)).collect();
+                all.extend(paths.iter().map(|p| resolve(p)));
+                if all.is_empty() {
+                    return Err(err("`source` needs `path` or `paths`".into()));
+                }
+                if partition_field.is_some() && all.len() > 1 {
+                    return Err(err("`source.partition_field` partitions one file; give one `path`".into()));
+                }
+                let partitioning = Partitioning {
+                    field: partition_field,
+                    idle_timeout_ms: idle_timeout,
+                    idle_after_records,
+                };
+                SourceSpec::File { paths: all, partitioning }
+            }
         };
         let sink = match raw.sink {
             RawSink::File { path } => SinkSpec::File { path: resolve(&path) },
@@ -230,8 +389,7 @@ impl Pipeline {
                 field: raw.event_time.field,
                 watermark_delay_ms: raw.event_time.watermark_delay,
             },
-            window,
-            plugin: PluginSpec { path: resolve(&raw.plugin.path), config, batch_size },
+            aggregations,
             sink,
             late: resolve(&raw.late.path),
             dead_letter: resolve(&raw.dead_letter.path),
@@ -239,13 +397,14 @@ impl Pipeline {
         })
     }
 
-    /// Identity of what shapes the job's state (key, window, event-time field, filter).
+    /// Identity of what shapes the job's state (key, windows, event-time field, filter).
     /// A savepoint restores only into a pipeline with the same fingerprint; changing the
-    /// watermark delay, plugin config, sinks or paths keeps it.
+    /// watermark delay, allowed lateness, plugin config, sinks or paths keeps it.
     pub fn state_fingerprint(&self) -> String {
+        let windows: Vec<_> = self.aggregations.iter().map(|a| (&a.name, a.window.kind)).collect();
         let shape = serde_json::json!({
             "key": self.key,
-            "window": self.window,
+            "windows": windows,
             "event_time_field": self.event_time.field,
             "filter": self.filter,
         });
@@ -297,9 +456,11 @@ path = "out/dead.jsonl"
     fn parses_the_stock_alert_pipeline() {
         let p = Pipeline::parse(GOOD, Path::new("/jobs/stock/pipeline.toml")).unwrap();
         assert_eq!(p.event_time.watermark_delay_ms, 120_000);
-        assert_eq!(p.window, WindowSpec::Tumbling { size_ms: 300_000 });
-        assert_eq!(p.plugin.path, PathBuf::from("/jobs/stock/min-stock.wasm"));
-        assert_eq!(p.plugin.config, vec![("threshold".to_string(), "10".to_string())]);
+        let a = &p.aggregations[0];
+        assert_eq!(a.window.kind, WindowKind::Tumbling { size_ms: 300_000 });
+        assert_eq!(a.window.allowed_lateness_ms, 0);
+        assert_eq!(a.plugin.path, PathBuf::from("/jobs/stock/min-stock.wasm"));
+        assert_eq!(a.plugin.config, vec![("threshold".to_string(), "10".to_string())]);
         assert_eq!(p.savepoints, PathBuf::from("/jobs/stock/savepoints"));
     }
 

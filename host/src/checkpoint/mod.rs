@@ -3,4 +3,4 @@
 
 pub mod savepoint;
 
-pub use savepoint::{Savepoint, SavepointMeta, WindowEntry};
+pub use savepoint::{OperatorMeta, Savepoint, SavepointMeta};

@@ -1,26 +1,35 @@
 //! The savepoint format (version 1): a folder with
 //!
-//! - `savepoint.json`: what the snapshot is ([`SavepointMeta`]): pipeline identity,
-//!   plugin identity, source position per partition, watermark, counters, committed sink
-//!   positions, and the size and SHA-256 of the state file;
-//! - `state.bin`: every open window's key, bounds and accumulator (layout below);
+//! - `savepoint.json`: what the snapshot is ([`SavepointMeta`]): pipeline identity, each
+//!   operator's id, plugin identity and counters, source position per partition,
+//!   watermark clocks per partition, job counters, committed sink positions, and the size
+//!   and SHA-256 of the state file;
+//! - `state.bin`: every operator's open slots (key, slot id, bounds, accumulator) and the
+//!   rows an ordered plugin still holds back (layout below);
 //! - `CHECKSUM`: SHA-256 of the two files, written last.
 //!
-//! `state.bin` layout, all integers little-endian:
+//! `state.bin` layout, all integers little-endian, strings as u32 length + UTF-8:
 //!
 //! ```text
-//! magic "KM0STATE" | u32 format version (1) | u64 window count
-//! per window: u32 key field count | per field: u32 length, UTF-8 bytes
-//!             | i64 window start | i64 window end | u32 length, accumulator bytes
+//! magic "KM0STATE" | u32 format version (1) | u32 operator count
+//! per operator, in savepoint.json order:
+//!   u64 slot count | per slot: u32 key field count, fields | i64 slot id | i64 start
+//!                    | i64 end | u32 length, accumulator bytes
+//!   u64 row count  | per row:  u32 key field count, fields | i64 slot id | i64 event time
+//!                    | u32 value count | per value: u8 tag (0 int, 1 float, 2 text,
+//!                    3 bool) and i64 / f64 bits / string / u8
 //! ```
 //!
 //! A savepoint is written to a temporary folder and renamed into place, so it is either
 //! complete or absent; it is never modified afterwards. Reading verifies the checksums.
 
 use crate::pipeline::hex;
+use crate::plugin::batch::Value;
 use crate::plugin::PluginIdentity;
 use crate::sink::SinkPosition;
 use crate::source::SourcePosition;
+use crate::time::WatermarkState;
+use crate::window::operator::{OperatorCounters, SavedRow, SavedSlot, Snapshot};
 use crate::window::Window;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -42,10 +51,15 @@ pub struct PipelineIdentity {
     pub fingerprint: String,
 }
 
+/// One operator in a savepoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WatermarkState {
-    pub current: i64,
-    pub max_event_time: Option<i64>,
+pub struct OperatorMeta {
+    /// Stable operator id (the aggregation's name).
+    pub id: String,
+    pub plugin: PluginIdentity,
+    pub slots: u64,
+    pub rows: u64,
+    pub counters: OperatorCounters,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,10 +76,8 @@ pub struct SavepointMeta {
     pub format_version: u32,
     pub km0_version: String,
     pub created_at_ms: i64,
-    /// Stable id of the operator whose state this is.
-    pub operator: String,
     pub pipeline: PipelineIdentity,
-    pub plugin: PluginIdentity,
+    pub operators: Vec<OperatorMeta>,
     pub source: SourcePosition,
     pub watermark: WatermarkState,
     pub counters: crate::job::Counters,
@@ -73,32 +85,79 @@ pub struct SavepointMeta {
     pub state: StateFile,
 }
 
-/// One open window in a savepoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WindowEntry {
-    pub key: Vec<String>,
-    pub window: Window,
-    pub acc: Vec<u8>,
-}
-
 /// A savepoint read from disk and verified.
 #[derive(Debug)]
 pub struct Savepoint {
     pub path: PathBuf,
     pub meta: SavepointMeta,
-    pub windows: Vec<WindowEntry>,
+    /// One per operator, in `meta.operators` order.
+    pub snapshots: Vec<Snapshot>,
 }
 
 fn corrupt(path: &Path, message: impl Into<String>) -> Error {
     Error::Savepoint { path: path.to_path_buf(), message: message.into() }
 }
 
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_key(out: &mut Vec<u8>, key: &[String]) {
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    for f in key {
+        put_str(out, f);
+    }
+}
+
+fn encode_state(snapshots: &[Snapshot]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(snapshots.len() as u32).to_le_bytes());
+    for snap in snapshots {
+        out.extend_from_slice(&(snap.slots.len() as u64).to_le_bytes());
+        for s in &snap.slots {
+            put_key(&mut out, &s.key);
+            out.extend_from_slice(&s.id.to_le_bytes());
+            out.extend_from_slice(&s.window.start.to_le_bytes());
+            out.extend_from_slice(&s.window.end.to_le_bytes());
+            out.extend_from_slice(&(s.acc.len() as u32).to_le_bytes());
+            out.extend_from_slice(&s.acc);
+        }
+        out.extend_from_slice(&(snap.rows.len() as u64).to_le_bytes());
+        for r in &snap.rows {
+            put_key(&mut out, &r.key);
+            out.extend_from_slice(&r.id.to_le_bytes());
+            out.extend_from_slice(&r.time.to_le_bytes());
+            out.extend_from_slice(&(r.values.len() as u32).to_le_bytes());
+            for v in &r.values {
+                match v {
+                    Value::Int(x) => {
+                        out.push(0);
+                        out.extend_from_slice(&x.to_le_bytes());
+                    }
+                    Value::Float(x) => {
+                        out.push(1);
+                        out.extend_from_slice(&x.to_bits().to_le_bytes());
+                    }
+                    Value::Text(x) => {
+                        out.push(2);
+                        put_str(&mut out, x);
+                    }
+                    Value::Bool(x) => {
+                        out.push(3);
+                        out.push(*x as u8);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Write a savepoint into the new folder `dir`. `meta.state` is filled in here.
-pub fn write<'a>(
-    dir: &Path,
-    mut meta: SavepointMeta,
-    windows: impl Iterator<Item = (Vec<&'a str>, Window, &'a [u8])>,
-) -> Result<SavepointMeta> {
+pub fn write(dir: &Path, mut meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<SavepointMeta> {
     if dir.exists() {
         return Err(corrupt(dir, "already exists; savepoints are never overwritten"));
     }
@@ -110,31 +169,11 @@ pub fn write<'a>(
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create folder", &tmp, e))?;
 
-    let mut state = Vec::new();
-    state.extend_from_slice(MAGIC);
-    state.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    state.extend_from_slice(&0u64.to_le_bytes()); // count, patched below
-    let mut count = 0u64;
-    for (key, window, acc) in windows {
-        state.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        for field in key {
-            state.extend_from_slice(&(field.len() as u32).to_le_bytes());
-            state.extend_from_slice(field.as_bytes());
-        }
-        state.extend_from_slice(&window.start.to_le_bytes());
-        state.extend_from_slice(&window.end.to_le_bytes());
-        state.extend_from_slice(&(acc.len() as u32).to_le_bytes());
-        state.extend_from_slice(acc);
-        count += 1;
-    }
-    state[12..20].copy_from_slice(&count.to_le_bytes());
+    let state = encode_state(snapshots);
     let state_sha = hex(&Sha256::digest(&state));
-    meta.state = StateFile {
-        file: STATE.into(),
-        windows: count,
-        bytes: state.len() as u64,
-        sha256: state_sha.clone(),
-    };
+    let windows = snapshots.iter().map(|s| s.slots.len() as u64).sum();
+    meta.state =
+        StateFile { file: STATE.into(), windows, bytes: state.len() as u64, sha256: state_sha.clone() };
     let meta_json =
         serde_json::to_vec_pretty(&meta).map_err(|e| corrupt(dir, format!("encode metadata: {e}")))?;
     let meta_sha = hex(&Sha256::digest(&meta_json));
@@ -187,14 +226,23 @@ pub fn read(dir: &Path) -> Result<Savepoint> {
             format!("format {} v{} is not {FORMAT} v{FORMAT_VERSION}", meta.format, meta.format_version),
         ));
     }
-    let windows = decode_state(&state).map_err(|m| corrupt(dir, format!("{STATE}: {m}")))?;
-    if windows.len() as u64 != meta.state.windows {
-        return Err(corrupt(dir, "window count differs from the metadata"));
+    let mut snapshots = decode_state(&state).map_err(|m| corrupt(dir, format!("{STATE}: {m}")))?;
+    if snapshots.len() != meta.operators.len() {
+        return Err(corrupt(dir, "operator count differs from the metadata"));
     }
-    Ok(Savepoint { path: dir.to_path_buf(), meta, windows })
+    for (snap, op) in snapshots.iter_mut().zip(&meta.operators) {
+        if snap.slots.len() as u64 != op.slots || snap.rows.len() as u64 != op.rows {
+            return Err(corrupt(
+                dir,
+                format!("operator {}: slot or row count differs from the metadata", op.id),
+            ));
+        }
+        snap.counters = op.counters.clone();
+    }
+    Ok(Savepoint { path: dir.to_path_buf(), meta, snapshots })
 }
 
-fn decode_state(b: &[u8]) -> Result<Vec<WindowEntry>, String> {
+fn decode_state(b: &[u8]) -> Result<Vec<Snapshot>, String> {
     struct R<'a>(&'a [u8]);
     impl<'a> R<'a> {
         fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
@@ -205,14 +253,33 @@ fn decode_state(b: &[u8]) -> Result<Vec<WindowEntry>, String> {
             self.0 = rest;
             Ok(a)
         }
+        fn arr<const N: usize>(&mut self) -> Result<[u8; N], String> {
+            self.take(N)?.try_into().map_err(|_| "truncated".to_string())
+        }
         fn u32(&mut self) -> Result<u32, String> {
-            Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| "truncated")?))
+            Ok(u32::from_le_bytes(self.arr()?))
         }
         fn u64(&mut self) -> Result<u64, String> {
-            Ok(u64::from_le_bytes(self.take(8)?.try_into().map_err(|_| "truncated")?))
+            Ok(u64::from_le_bytes(self.arr()?))
         }
         fn i64(&mut self) -> Result<i64, String> {
-            Ok(i64::from_le_bytes(self.take(8)?.try_into().map_err(|_| "truncated")?))
+            Ok(i64::from_le_bytes(self.arr()?))
+        }
+        fn string(&mut self) -> Result<String, String> {
+            let len = self.u32()? as usize;
+            Ok(std::str::from_utf8(self.take(len)?).map_err(|_| "string is not UTF-8")?.to_string())
+        }
+        fn key(&mut self) -> Result<Vec<String>, String> {
+            let arity = self.u32()?;
+            (0..arity).map(|_| self.string()).collect()
+        }
+        fn count(&mut self) -> Result<usize, String> {
+            let n = self.u64()?;
+            // Every item takes at least 8 bytes: a larger count is corruption.
+            if n > self.0.len() as u64 / 8 {
+                return Err("count larger than the file".into());
+            }
+            Ok(n as usize)
         }
     }
     let mut r = R(b);
@@ -223,24 +290,39 @@ fn decode_state(b: &[u8]) -> Result<Vec<WindowEntry>, String> {
     if version != FORMAT_VERSION {
         return Err(format!("state format {version} is not {FORMAT_VERSION}"));
     }
-    let count = r.u64()?;
-    let mut out = Vec::with_capacity(count.min(1 << 24) as usize);
-    for _ in 0..count {
-        let arity = r.u32()?;
-        let mut key = Vec::with_capacity(arity.min(64) as usize);
-        for _ in 0..arity {
+    let operators = r.u32()?;
+    let mut out = Vec::new();
+    for _ in 0..operators {
+        let mut snap = Snapshot::default();
+        for _ in 0..r.count()? {
+            let key = r.key()?;
+            let id = r.i64()?;
+            let window = Window { start: r.i64()?, end: r.i64()? };
             let len = r.u32()? as usize;
-            let f = std::str::from_utf8(r.take(len)?).map_err(|_| "key is not UTF-8")?;
-            key.push(f.to_string());
+            let acc = r.take(len)?.to_vec();
+            snap.slots.push(SavedSlot { key, id, window, acc });
         }
-        let start = r.i64()?;
-        let end = r.i64()?;
-        let len = r.u32()? as usize;
-        let acc = r.take(len)?.to_vec();
-        out.push(WindowEntry { key, window: Window { start, end }, acc });
+        for _ in 0..r.count()? {
+            let key = r.key()?;
+            let id = r.i64()?;
+            let time = r.i64()?;
+            let n = r.u32()?;
+            let mut values = Vec::new();
+            for _ in 0..n {
+                values.push(match r.take(1)?[0] {
+                    0 => Value::Int(r.i64()?),
+                    1 => Value::Float(f64::from_bits(r.u64()?)),
+                    2 => Value::Text(r.string()?),
+                    3 => Value::Bool(r.take(1)?[0] != 0),
+                    t => return Err(format!("unknown value tag {t}")),
+                });
+            }
+            snap.rows.push(SavedRow { key, id, time, values });
+        }
+        out.push(snap);
     }
     if !r.0.is_empty() {
-        return Err("bytes after the last window".into());
+        return Err("bytes after the last operator".into());
     }
     Ok(out)
 }

@@ -1,6 +1,10 @@
 //! Assembling plugin calls: events staged in arrival order become one `add` call whose
-//! rows are grouped by (key, window) and laid out in columns, so the guest pays a handful
+//! rows are grouped by (key, slot) and laid out in columns, so the guest pays a handful
 //! of allocations per call instead of several per event.
+//!
+//! For plugins that declared `ordered-input`, rows stay staged until their slot is
+//! complete (the watermark has passed its end) and are then handed over sorted by event
+//! time, so each slot's events reach the plugin in one call, in order.
 
 use super::{empty_packed, packed_clear, packed_push, Column, Events, FieldType, Groups, Packed};
 use crate::state::{KeyTable, WindowState};
@@ -9,7 +13,7 @@ use std::collections::HashMap;
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// One projected value of a staged row.
+/// Staged values of one column.
 enum Staged {
     Int(Vec<i64>),
     Float(Vec<f64>),
@@ -17,12 +21,59 @@ enum Staged {
     Bool(Vec<u8>),
 }
 
+impl Staged {
+    fn new(t: FieldType) -> Staged {
+        match t {
+            FieldType::Int => Staged::Int(Vec::new()),
+            FieldType::Float => Staged::Float(Vec::new()),
+            FieldType::Text => Staged::Text { bytes: Vec::new(), ends: Vec::new() },
+            FieldType::Boolean => Staged::Bool(Vec::new()),
+        }
+    }
+
+    fn value(&self, r: usize) -> Value {
+        match self {
+            Staged::Int(v) => Value::Int(v[r]),
+            Staged::Float(v) => Value::Float(v[r]),
+            Staged::Bool(v) => Value::Bool(v[r] != 0),
+            Staged::Text { bytes, ends } => {
+                let s = if r == 0 { 0 } else { ends[r - 1] as usize };
+                Value::Text(String::from_utf8_lossy(&bytes[s..ends[r] as usize]).into_owned())
+            }
+        }
+    }
+}
+
+/// One staged value, for savepoints.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Int(i64),
+    Float(f64),
+    Text(String),
+    Bool(bool),
+}
+
+/// A staged row taken out of a batch (savepoints keep the rows of incomplete slots of
+/// ordered plugins).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub key: u32,
+    pub id: i64,
+    pub time: i64,
+    pub values: Vec<Value>,
+}
+
 /// Rows waiting for the next `add` call, and the reusable buffers of that call.
 pub struct Batch {
     ordered: bool,
+    types: Vec<FieldType>,
     index: FastMap<(u32, i64), u32>,
-    /// Groups of this batch in first-seen order.
-    group_list: Vec<(u32, Window)>,
+    /// (key, slot id) of every group, in first-seen order.
+    group_list: Vec<(u32, i64)>,
+    /// A group relabelled into another (merged sessions) points at it.
+    alias: Vec<u32>,
+    /// Groups staged per key (a key with staged rows must not be forgotten).
+    key_groups: FastMap<u32, u32>,
     row_group: Vec<u32>,
     row_time: Vec<i64>,
     staged: Vec<Staged>,
@@ -33,17 +84,10 @@ pub struct Batch {
     pub(crate) events: Events,
 }
 
+const NO_ALIAS: u32 = u32::MAX;
+
 impl Batch {
     pub fn new(fields: &[FieldType], key_arity: usize, ordered: bool) -> Batch {
-        let staged = fields
-            .iter()
-            .map(|t| match t {
-                FieldType::Int => Staged::Int(Vec::new()),
-                FieldType::Float => Staged::Float(Vec::new()),
-                FieldType::Text => Staged::Text { bytes: Vec::new(), ends: Vec::new() },
-                FieldType::Boolean => Staged::Bool(Vec::new()),
-            })
-            .collect();
         let columns = fields
             .iter()
             .map(|t| match t {
@@ -55,11 +99,14 @@ impl Batch {
             .collect();
         Batch {
             ordered,
+            types: fields.to_vec(),
             index: FastMap::default(),
             group_list: Vec::new(),
+            alias: Vec::new(),
+            key_groups: FastMap::default(),
             row_group: Vec::new(),
             row_time: Vec::new(),
-            staged,
+            staged: fields.iter().map(|&t| Staged::new(t)).collect(),
             counts: Vec::new(),
             order: Vec::new(),
             groups: empty_groups(key_arity as u32),
@@ -78,13 +125,25 @@ impl Batch {
         self.row_time.is_empty()
     }
 
+    /// Whether rows of a plugin with ordered input wait for their slot to complete.
+    pub fn ordered(&self) -> bool {
+        self.ordered
+    }
+
+    /// Whether any row is staged for this key.
+    pub fn stages_key(&self, key: u32) -> bool {
+        self.key_groups.contains_key(&key)
+    }
+
     /// Stage a row's group and time; then push one value per column, in column order.
     #[inline]
-    pub fn push_row(&mut self, key: u32, window: Window, time: i64) {
+    pub fn push_row(&mut self, key: u32, id: i64, time: i64) {
         let next = self.group_list.len() as u32;
-        let g = *self.index.entry((key, window.start)).or_insert(next);
+        let g = *self.index.entry((key, id)).or_insert(next);
         if g == next {
-            self.group_list.push((key, window));
+            self.group_list.push((key, id));
+            self.alias.push(NO_ALIAS);
+            *self.key_groups.entry(key).or_insert(0) += 1;
         }
         self.row_group.push(g);
         self.row_time.push(time);
@@ -119,30 +178,108 @@ impl Batch {
         }
     }
 
-    /// Lay the staged rows out as one `add` call: rows grouped by (key, window) (and
-    /// sorted by event time within a group for ordered plugins), current accumulators
-    /// from `state`. Returns the groups in call order; the staging is emptied.
-    pub fn assemble(&mut self, keys: &KeyTable, state: &WindowState) -> Vec<(u32, Window)> {
+    /// Stage a row taken out of a batch earlier.
+    pub fn push(&mut self, row: &Row) {
+        self.push_row(row.key, row.id, row.time);
+        for (c, v) in row.values.iter().enumerate() {
+            match v {
+                Value::Int(x) => self.push_int(c, *x),
+                Value::Float(x) => self.push_float(c, *x),
+                Value::Bool(x) => self.push_bool(c, *x),
+                Value::Text(x) => self.push_text(c, x),
+            }
+        }
+    }
+
+    /// Move the rows staged for `(key, from)` to `(key, to)` (sessions merged).
+    pub fn relabel(&mut self, key: u32, from: i64, to: i64) {
+        let Some(g_from) = self.index.remove(&(key, from)) else { return };
+        match self.index.get(&(key, to)) {
+            Some(&g_to) => self.alias[g_from as usize] = g_to,
+            None => {
+                self.index.insert((key, to), g_from);
+                self.group_list[g_from as usize] = (key, to);
+            }
+        }
+    }
+
+    fn canonical(&self, mut g: u32) -> u32 {
+        while self.alias[g as usize] != NO_ALIAS {
+            g = self.alias[g as usize];
+        }
+        g
+    }
+
+    /// The staged rows, in arrival order.
+    pub fn rows(&self) -> Vec<Row> {
+        (0..self.row_time.len())
+            .map(|r| {
+                let (key, id) = self.group_list[self.canonical(self.row_group[r]) as usize];
+                Row {
+                    key,
+                    id,
+                    time: self.row_time[r],
+                    values: self.staged.iter().map(|s| s.value(r)).collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Lay staged rows out as one `add` call: rows grouped by (key, slot), sorted by
+    /// event time within a group for ordered plugins, current accumulators and windows
+    /// from `state`. With `ready`, only groups whose slot ends at or before it are taken
+    /// (ordered plugins wait for complete slots); the other rows stay staged. Returns the
+    /// (key, slot id) of the call's groups, in call order; empty when nothing is ready.
+    pub fn assemble(&mut self, keys: &KeyTable, state: &WindowState, ready: Option<i64>) -> Vec<(u32, i64)> {
         let n_groups = self.group_list.len();
         let n_rows = self.row_time.len();
-
-        // Counting sort of rows by group (stable: arrival order within a group).
-        self.counts.clear();
-        self.counts.resize(n_groups + 1, 0);
-        for &g in &self.row_group {
-            self.counts[g as usize + 1] += 1;
+        // Canonical group of every row; which canonical groups go into this call.
+        let canon: Vec<u32> = (0..n_groups as u32).map(|g| self.canonical(g)).collect();
+        let window_of = |g: usize| -> Window {
+            let (k, id) = self.group_list[g];
+            state.slot(k, id).map_or(Window { start: id, end: i64::MAX }, |s| s.window)
+        };
+        let take: Vec<bool> = (0..n_groups)
+            .map(|g| canon[g] as usize == g && ready.is_none_or(|wm| window_of(g).end <= wm))
+            .collect();
+        // Dense call index of every taken canonical group.
+        let mut call_index = vec![u32::MAX; n_groups];
+        let mut call_groups = Vec::new();
+        for g in 0..n_groups {
+            if take[g] {
+                call_index[g] = call_groups.len() as u32;
+                call_groups.push(self.group_list[g]);
+            }
         }
-        for i in 0..n_groups {
+        if call_groups.is_empty() {
+            return call_groups;
+        }
+
+        // Counting sort of the taken rows by call group (stable: arrival order).
+        let n_call = call_groups.len();
+        self.counts.clear();
+        self.counts.resize(n_call + 1, 0);
+        let mut kept = Vec::new();
+        for (row, &g) in self.row_group.iter().enumerate() {
+            match call_index[canon[g as usize] as usize] {
+                u32::MAX => kept.push(row),
+                c => self.counts[c as usize + 1] += 1,
+            }
+        }
+        for i in 0..n_call {
             self.counts[i + 1] += self.counts[i];
         }
         self.events.group_ends.clear();
         self.events.group_ends.extend_from_slice(&self.counts[1..]);
         self.order.clear();
-        self.order.resize(n_rows, 0);
+        self.order.resize(n_rows - kept.len(), 0);
         for (row, &g) in self.row_group.iter().enumerate() {
-            let slot = &mut self.counts[g as usize];
-            self.order[*slot as usize] = row as u32;
-            *slot += 1;
+            let c = call_index[canon[g as usize] as usize];
+            if c != u32::MAX {
+                let slot = &mut self.counts[c as usize];
+                self.order[*slot as usize] = row as u32;
+                *slot += 1;
+            }
         }
         if self.ordered {
             let mut start = 0usize;
@@ -157,22 +294,19 @@ impl Batch {
         let order = &self.order;
         self.events.event_time.clear();
         self.events.event_time.extend(order.iter().map(|&r| self.row_time[r as usize]));
-        for (staged, column) in self.staged.iter_mut().zip(self.events.columns.iter_mut()) {
+        for (staged, column) in self.staged.iter().zip(self.events.columns.iter_mut()) {
             match (staged, column) {
                 (Staged::Int(src), Column::Int(dst)) => {
                     dst.clear();
                     dst.extend(order.iter().map(|&r| src[r as usize]));
-                    src.clear();
                 }
                 (Staged::Float(src), Column::Float(dst)) => {
                     dst.clear();
                     dst.extend(order.iter().map(|&r| src[r as usize]));
-                    src.clear();
                 }
                 (Staged::Bool(src), Column::Boolean(dst)) => {
                     dst.clear();
                     dst.extend(order.iter().map(|&r| src[r as usize]));
-                    src.clear();
                 }
                 (Staged::Text { bytes, ends }, Column::Text(dst)) => {
                     packed_clear(dst);
@@ -181,19 +315,70 @@ impl Batch {
                         let s = if r == 0 { 0 } else { ends[r - 1] as usize };
                         packed_push(dst, &bytes[s..ends[r] as usize]);
                     }
-                    bytes.clear();
-                    ends.clear();
                 }
                 _ => unreachable!("staged and call columns are built from the same field types"),
             }
         }
+        fill_groups(
+            &mut self.groups,
+            keys,
+            call_groups.iter().map(|&(k, id)| {
+                let slot = state.slot(k, id);
+                (
+                    k,
+                    slot.map_or(Window { start: id, end: id }, |s| s.window),
+                    slot.map_or(&[][..], |s| &s.acc),
+                )
+            }),
+        );
+        self.restage(&kept, &canon);
+        call_groups
+    }
 
-        let groups = std::mem::take(&mut self.group_list);
-        fill_groups(&mut self.groups, keys, groups.iter().map(|&(k, w)| (k, w, state.get(k, w.start))));
+    /// Keep only the rows `kept` (in arrival order), renumbering their groups.
+    fn restage(&mut self, kept: &[usize], canon: &[u32]) {
+        if kept.is_empty() {
+            self.index.clear();
+            self.key_groups.clear();
+            self.group_list.clear();
+            self.alias.clear();
+            self.row_group.clear();
+            self.row_time.clear();
+            for s in &mut self.staged {
+                match s {
+                    Staged::Int(v) => v.clear(),
+                    Staged::Float(v) => v.clear(),
+                    Staged::Bool(v) => v.clear(),
+                    Staged::Text { bytes, ends } => {
+                        bytes.clear();
+                        ends.clear();
+                    }
+                }
+            }
+            return;
+        }
+        let rows: Vec<Row> = kept
+            .iter()
+            .map(|&r| {
+                let (key, id) = self.group_list[canon[self.row_group[r] as usize] as usize];
+                Row {
+                    key,
+                    id,
+                    time: self.row_time[r],
+                    values: self.staged.iter().map(|s| s.value(r)).collect(),
+                }
+            })
+            .collect();
         self.index.clear();
+        self.key_groups.clear();
+        self.group_list.clear();
+        self.alias.clear();
         self.row_group.clear();
         self.row_time.clear();
-        groups
+        self.staged = self.types.iter().map(|&t| Staged::new(t)).collect();
+        for row in &rows {
+            self.push(row);
+        }
     }
 }
 
@@ -241,8 +426,7 @@ mod tests {
     use super::*;
     use crate::state::push_key_field;
 
-    #[test]
-    fn rows_are_grouped_stably_and_sorted_when_ordered() {
+    fn two_keys() -> (KeyTable, u32, u32) {
         let mut keys = KeyTable::default();
         let mut k = Vec::new();
         push_key_field(&mut k, b"a");
@@ -250,17 +434,24 @@ mod tests {
         k.clear();
         push_key_field(&mut k, b"b");
         let b = keys.intern(&k);
-        let w = Window { start: 0, end: 10 };
-        let state = WindowState::default();
+        (keys, a, b)
+    }
+
+    #[test]
+    fn rows_are_grouped_stably_and_sorted_when_ordered() {
+        let (keys, a, b) = two_keys();
+        let mut state = WindowState::default();
+        state.open(a, 0, Window { start: 0, end: 10 });
+        state.open(b, 0, Window { start: 0, end: 10 });
         for ordered in [false, true] {
             let mut batch = Batch::new(&[FieldType::Int, FieldType::Text], 1, ordered);
             for (key, t, v, s) in [(a, 5, 1, "x"), (b, 3, 2, "y"), (a, 2, 3, "zz"), (b, 1, 4, "")] {
-                batch.push_row(key, w, t);
+                batch.push_row(key, 0, t);
                 batch.push_int(0, v);
                 batch.push_text(1, s);
             }
-            let groups = batch.assemble(&keys, &state);
-            assert_eq!(groups, vec![(a, w), (b, w)]);
+            let groups = batch.assemble(&keys, &state, None);
+            assert_eq!(groups, vec![(a, 0), (b, 0)]);
             assert_eq!(batch.events.group_ends, vec![2, 4]);
             let Column::Int(ints) = &batch.events.columns[0] else { panic!() };
             let Column::Text(texts) = &batch.events.columns[1] else { panic!() };
@@ -275,8 +466,37 @@ mod tests {
                 assert_eq!(texts.bytes, b"xzzy");
             }
             assert_eq!(batch.groups.keys.bytes, b"ab");
+            assert_eq!(batch.groups.window_end, vec![10, 10]);
             assert_eq!(batch.groups.accumulators.ends, vec![0, 0]);
             assert!(batch.is_empty());
         }
+    }
+
+    #[test]
+    fn only_complete_slots_are_taken_and_relabelled_rows_follow() {
+        let (keys, a, b) = two_keys();
+        let mut state = WindowState::default();
+        state.open(a, 0, Window { start: 0, end: 10 });
+        state.open(a, 10, Window { start: 10, end: 20 });
+        state.open(b, 7, Window { start: 7, end: 9 });
+        let mut batch = Batch::new(&[FieldType::Int], 1, true);
+        for (key, id, t, v) in [(a, 10, 12, 1), (a, 0, 3, 2), (b, 8, 8, 3), (a, 10, 11, 4), (a, 0, 1, 5)] {
+            batch.push_row(key, id, t);
+            batch.push_int(0, v);
+        }
+        batch.relabel(b, 8, 7); // session 8 merged into session 7
+        let groups = batch.assemble(&keys, &state, Some(10));
+        assert_eq!(groups, vec![(a, 0), (b, 7)]);
+        let Column::Int(ints) = &batch.events.columns[0] else { panic!() };
+        assert_eq!(ints, &vec![5, 2, 3]);
+        let left = batch.rows();
+        assert_eq!(
+            left.iter().map(|r| (r.key, r.id, r.time)).collect::<Vec<_>>(),
+            vec![(a, 10, 12), (a, 10, 11)]
+        );
+        let groups = batch.assemble(&keys, &state, Some(20));
+        assert_eq!(groups, vec![(a, 10)]);
+        assert_eq!(batch.events.event_time, vec![11, 12]);
+        assert!(batch.is_empty());
     }
 }

@@ -1,9 +1,12 @@
-//! The embedded default source: JSON lines from a file (or standard input).
+//! The embedded default source: JSON lines from files (or standard input), one
+//! partition per file.
 //!
-//! Reads large chunks with `read()` and splits lines with `memchr`, handing out borrowed
-//! slices, so the cost per record is a scan for the newline. Blank lines are skipped.
-//! Its position is the byte offset after the last record handed out, so a savepoint can
-//! resume exactly at the next record.
+//! Each file is read in large chunks with `read()` and split with `memchr`, handing out
+//! borrowed slices, so the cost per record is a scan for the newline. Blank lines are
+//! skipped. Several files are read round-robin, one record from each in turn, which is
+//! deterministic and lets a lagging partition hold the watermark back as a slow Kafka
+//! partition would. A partition's position is the byte offset after the last record
+//! handed out, so a savepoint resumes exactly at the next record.
 
 use super::{PartitionPosition, Position, SourcePosition};
 use crate::{Error, Result};
@@ -13,8 +16,89 @@ use std::path::{Path, PathBuf};
 
 const CHUNK: usize = 4 << 20;
 
+/// Several files, read round-robin.
 pub struct FileSource {
+    parts: Vec<LineReader>,
+    /// Partition to read next.
+    next: usize,
+    /// Partitions whose input has ended and that were not reported yet.
+    ended: Vec<u32>,
+}
+
+impl FileSource {
+    /// Open `paths` as partitions 0..n, resuming each at its saved position (matched by
+    /// partition number).
+    pub fn open(paths: &[PathBuf], resume: Option<&SourcePosition>) -> Result<FileSource> {
+        if let Some(r) = resume {
+            if r.partitions.len() != paths.len() {
+                return Err(Error::Usage(format!(
+                    "the savepoint read {} input partitions; this run has {}",
+                    r.partitions.len(),
+                    paths.len()
+                )));
+            }
+        }
+        let mut parts = Vec::with_capacity(paths.len());
+        for (i, p) in paths.iter().enumerate() {
+            let at = resume.and_then(|r| r.partitions.iter().find(|pp| pp.partition == i as u32));
+            parts.push(LineReader::open(p, i as u32, at)?);
+        }
+        Ok(FileSource { parts, next: 0, ended: Vec::new() })
+    }
+
+    /// Records handed out so far, over all partitions (including before a resume).
+    pub fn records(&self) -> u64 {
+        self.parts.iter().map(|p| p.records).sum()
+    }
+
+    pub fn partitions(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Name (path) of a partition.
+    pub fn partition_name(&self, p: u32) -> String {
+        self.parts[p as usize].path.display().to_string()
+    }
+
+    /// Partitions that ended since the last call.
+    pub fn take_ended(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// The next record of the next partition that has one.
+    pub fn next_record(&mut self) -> Result<Option<(&[u8], Position)>> {
+        let n = self.parts.len();
+        for _ in 0..n {
+            let p = self.next;
+            self.next = (self.next + 1) % n;
+            if self.parts[p].done {
+                continue;
+            }
+            if self.parts[p].advance()? {
+                let part = &self.parts[p];
+                return Ok(Some((&part.buf[part.rec.0..part.rec.1], part.rec_pos)));
+            }
+            self.ended.push(p as u32);
+        }
+        Ok(None)
+    }
+
+    pub fn position(&self) -> SourcePosition {
+        SourcePosition {
+            kind: "file".into(),
+            partitions: self.parts.iter().map(LineReader::position).collect(),
+        }
+    }
+}
+
+/// One file, line by line.
+struct LineReader {
     path: PathBuf,
+    partition: u32,
+    done: bool,
+    /// The current record's range in `buf` and position.
+    rec: (usize, usize),
+    rec_pos: Position,
     input: Box<dyn Read>,
     buf: Vec<u8>,
     start: usize,
@@ -26,9 +110,9 @@ pub struct FileSource {
     records: u64,
 }
 
-impl FileSource {
+impl LineReader {
     /// Open `path` (`-` for standard input), optionally resuming at `resume`.
-    pub fn open(path: &Path, resume: Option<&PartitionPosition>) -> Result<FileSource> {
+    fn open(path: &Path, partition: u32, resume: Option<&PartitionPosition>) -> Result<LineReader> {
         let input: Box<dyn Read> = if path == Path::new("-") {
             if resume.is_some_and(|r| r.offset > 0) {
                 return Err(Error::Usage(
@@ -51,8 +135,12 @@ impl FileSource {
             }
             Box::new(f)
         };
-        Ok(FileSource {
+        Ok(LineReader {
             path: path.to_path_buf(),
+            partition,
+            done: false,
+            rec: (0, 0),
+            rec_pos: Position { partition, line: 0, offset: 0 },
             input,
             buf: vec![0; CHUNK],
             start: 0,
@@ -64,21 +152,26 @@ impl FileSource {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Move to the next non-blank line (without its terminator); false at the end.
+    fn advance(&mut self) -> Result<bool> {
+        match self.next_line()? {
+            Some((s, e, pos)) => {
+                self.rec = (s, e);
+                self.rec_pos = pos;
+                Ok(true)
+            }
+            None => {
+                self.done = true;
+                Ok(false)
+            }
+        }
     }
 
-    /// Records handed out so far (including those before a resume).
-    pub fn records(&self) -> u64 {
-        self.records
-    }
-
-    /// The next non-blank line, without its line terminator.
-    pub fn next_record(&mut self) -> Result<Option<(&[u8], Position)>> {
+    fn next_line(&mut self) -> Result<Option<(usize, usize, Position)>> {
         let (s, e, pos) = loop {
             if let Some(nl) = memchr::memchr(b'\n', &self.buf[self.start..self.end]) {
                 let s = self.start;
-                let pos = Position { partition: 0, line: self.lines + 1, offset: self.offset };
+                let pos = Position { partition: self.partition, line: self.lines + 1, offset: self.offset };
                 self.start += nl + 1;
                 self.offset += nl as u64 + 1;
                 self.lines += 1;
@@ -97,7 +190,7 @@ impl FileSource {
                 }
                 // Last line without a newline.
                 let (s, e) = (self.start, self.end);
-                let pos = Position { partition: 0, line: self.lines + 1, offset: self.offset };
+                let pos = Position { partition: self.partition, line: self.lines + 1, offset: self.offset };
                 self.offset += (e - s) as u64;
                 self.lines += 1;
                 self.start = e;
@@ -109,7 +202,7 @@ impl FileSource {
             self.fill()?;
         };
         self.records += 1;
-        Ok(Some((&self.buf[s..e], pos)))
+        Ok(Some((s, e, pos)))
     }
 
     fn fill(&mut self) -> Result<()> {
@@ -138,16 +231,13 @@ impl FileSource {
         }
     }
 
-    pub fn position(&self) -> SourcePosition {
-        SourcePosition {
-            kind: "file".into(),
-            partitions: vec![PartitionPosition {
-                partition: 0,
-                name: self.path.display().to_string(),
-                offset: self.offset,
-                lines: self.lines,
-                records: self.records,
-            }],
+    fn position(&self) -> PartitionPosition {
+        PartitionPosition {
+            partition: self.partition,
+            name: self.path.display().to_string(),
+            offset: self.offset,
+            lines: self.lines,
+            records: self.records,
         }
     }
 }
@@ -174,7 +264,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("in.jsonl");
         std::fs::File::create(&path).unwrap().write_all(b"{\"a\":1}\r\n\n  \n{\"a\":2}\n{\"a\":3}").unwrap();
-        let mut src = FileSource::open(&path, None).unwrap();
+        let mut src = FileSource::open(std::slice::from_ref(&path), None).unwrap();
         let all = collect(&mut src);
         let texts: Vec<&str> = all.iter().map(|(t, _)| t.as_str()).collect();
         assert_eq!(texts, ["{\"a\":1}", "{\"a\":2}", "{\"a\":3}"]);
@@ -182,12 +272,12 @@ mod tests {
         assert_eq!(all[2].1.line, 5);
 
         // Stop after the first two records and resume at the reported position.
-        let mut src = FileSource::open(&path, None).unwrap();
+        let mut src = FileSource::open(std::slice::from_ref(&path), None).unwrap();
         src.next_record().unwrap();
         src.next_record().unwrap();
-        let pos = src.position().partitions[0].clone();
-        assert_eq!(pos.records, 2);
-        let mut resumed = FileSource::open(&path, Some(&pos)).unwrap();
+        let pos = src.position();
+        assert_eq!(pos.partitions[0].records, 2);
+        let mut resumed = FileSource::open(std::slice::from_ref(&path), Some(&pos)).unwrap();
         let rest = collect(&mut resumed);
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].0, "{\"a\":3}");
@@ -196,12 +286,33 @@ mod tests {
     }
 
     #[test]
+    fn files_are_read_round_robin_and_report_their_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.jsonl");
+        let b = dir.path().join("b.jsonl");
+        std::fs::write(&a, "a1\na2\na3\n").unwrap();
+        std::fs::write(&b, "b1\n").unwrap();
+        let mut src = FileSource::open(&[a, b], None).unwrap();
+        let mut seen = Vec::new();
+        let mut ended = Vec::new();
+        while let Some((r, p)) = src.next_record().unwrap() {
+            seen.push((String::from_utf8(r.to_vec()).unwrap(), p.partition));
+            ended.extend(src.take_ended());
+        }
+        ended.extend(src.take_ended());
+        let want = [("a1", 0), ("b1", 1), ("a2", 0), ("a3", 0)];
+        assert_eq!(seen, want.map(|(s, p)| (s.to_string(), p)));
+        assert_eq!(ended, vec![1, 0]);
+        assert_eq!(src.records(), 4);
+    }
+
+    #[test]
     fn lines_longer_than_a_chunk() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("big.jsonl");
         let long = format!("{{\"s\":\"{}\"}}", "x".repeat(CHUNK + 10));
         std::fs::write(&path, format!("{long}\n{{\"a\":1}}\n")).unwrap();
-        let mut src = FileSource::open(&path, None).unwrap();
+        let mut src = FileSource::open(&[path], None).unwrap();
         let all = collect(&mut src);
         assert_eq!(all.len(), 2);
         assert_eq!(all[0].0.len(), long.len());

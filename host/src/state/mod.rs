@@ -15,6 +15,8 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub struct KeyTable {
     ids: FastMap<Box<[u8]>, u32>,
     keys: Vec<Box<[u8]>>,
+    /// Ids of removed keys, reused first.
+    free: Vec<u32>,
 }
 
 impl KeyTable {
@@ -35,10 +37,30 @@ impl KeyTable {
 
     /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
     pub fn insert(&mut self, encoded: &[u8]) -> u32 {
-        let id = self.keys.len() as u32;
-        self.keys.push(encoded.into());
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.keys[id as usize] = encoded.into();
+                id
+            }
+            None => {
+                self.keys.push(encoded.into());
+                self.keys.len() as u32 - 1
+            }
+        };
         self.ids.insert(encoded.into(), id);
         id
+    }
+
+    /// Forget a key; its id may be given to another key.
+    pub fn remove(&mut self, id: u32) {
+        let key = std::mem::take(&mut self.keys[id as usize]);
+        self.ids.remove(&key);
+        self.free.push(id);
+    }
+
+    /// Every live key id.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.ids.values().copied()
     }
 
     pub fn encoded(&self, id: u32) -> &[u8] {
@@ -55,12 +77,13 @@ impl KeyTable {
         RawKeyFields { rest: self.encoded(id) }
     }
 
+    /// Live keys.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.ids.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.ids.is_empty()
     }
 }
 
@@ -122,95 +145,144 @@ impl<'a> Iterator for KeyFields<'a> {
     }
 }
 
-/// Accumulators of the open windows, by (key id, window start).
-#[derive(Default)]
-pub struct WindowState {
-    accs: FastMap<(u32, i64), Slot>,
-    /// (end, key, start) of every open window: the firing order.
-    timers: BTreeSet<(i64, u32, i64)>,
+/// What a timer does when the watermark reaches its time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TimerKind {
+    /// Emit the window's result.
+    Fire,
+    /// Drop the slot: its allowed lateness is over.
+    Cleanup,
 }
 
-struct Slot {
-    end: i64,
-    acc: Vec<u8>,
-}
-
-/// A window leaving the state (fired, or drained at end of input).
-pub struct Closed {
+/// A timer: at watermark `time`, do `kind` for slot or window `(key, id)`. Ordered by
+/// time, then fire before cleanup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timer {
+    pub time: i64,
+    pub kind: TimerKind,
     pub key: u32,
+    pub id: i64,
+}
+
+/// One slot of state: a window, a sliding-window pane or a session, with its accumulator.
+#[derive(Debug, Clone)]
+pub struct Slot {
     pub window: Window,
     pub acc: Vec<u8>,
 }
 
+/// Accumulators by (key id, slot id), and the timers that fire and clean them up. The
+/// slot id is the window start (tumbling), the pane start (sliding) or a session number.
+#[derive(Default)]
+pub struct WindowState {
+    slots: FastMap<(u32, i64), Slot>,
+    timers: BTreeSet<Timer>,
+    /// Open slots per key id, to forget keys that have none.
+    per_key: FastMap<u32, u32>,
+}
+
 impl WindowState {
-    /// The accumulator of an open window (empty = fresh).
     #[inline]
-    pub fn get(&self, key: u32, start: i64) -> &[u8] {
-        self.accs.get(&(key, start)).map_or(&[], |s| s.acc.as_slice())
+    pub fn slot(&self, key: u32, id: i64) -> Option<&Slot> {
+        self.slots.get(&(key, id))
     }
 
-    /// Store a window's accumulator, opening the window if new.
+    /// The accumulator of a slot (empty = fresh or absent).
     #[inline]
-    pub fn put(&mut self, key: u32, window: Window, acc: &[u8]) {
-        match self.accs.get_mut(&(key, window.start)) {
-            Some(slot) => {
-                slot.acc.clear();
-                slot.acc.extend_from_slice(acc);
-            }
-            None => {
-                self.accs.insert((key, window.start), Slot { end: window.end, acc: acc.to_vec() });
-                self.timers.insert((window.end, key, window.start));
-            }
+    pub fn acc(&self, key: u32, id: i64) -> &[u8] {
+        self.slots.get(&(key, id)).map_or(&[], |s| s.acc.as_slice())
+    }
+
+    /// Open a slot if absent; true when it was created.
+    #[inline]
+    pub fn open(&mut self, key: u32, id: i64, window: Window) -> bool {
+        if self.slots.contains_key(&(key, id)) {
+            return false;
+        }
+        self.slots.insert((key, id), Slot { window, acc: Vec::new() });
+        *self.per_key.entry(key).or_insert(0) += 1;
+        true
+    }
+
+    /// Replace an open slot's accumulator.
+    #[inline]
+    pub fn set_acc(&mut self, key: u32, id: i64, acc: &[u8]) {
+        if let Some(slot) = self.slots.get_mut(&(key, id)) {
+            slot.acc.clear();
+            slot.acc.extend_from_slice(acc);
         }
     }
 
-    /// Smallest end among open windows.
-    #[inline]
-    pub fn next_end(&self) -> Option<i64> {
-        self.timers.first().map(|t| t.0)
-    }
-
-    /// Remove and return every window with `end <= watermark`, in end order.
-    pub fn take_until(&mut self, watermark: i64) -> Vec<Closed> {
-        let mut out = Vec::new();
-        while let Some(&(end, key, start)) = self.timers.first() {
-            if end > watermark {
-                break;
-            }
-            self.timers.pop_first();
-            if let Some(slot) = self.accs.remove(&(key, start)) {
-                out.push(Closed { key, window: Window { start, end: slot.end }, acc: slot.acc });
-            }
+    /// Change an open slot's window (a session that grew).
+    pub fn set_window(&mut self, key: u32, id: i64, window: Window) {
+        if let Some(slot) = self.slots.get_mut(&(key, id)) {
+            slot.window = window;
         }
-        out
     }
 
-    /// Remove and return every open window, in end order.
-    pub fn take_all(&mut self) -> Vec<Closed> {
-        self.take_until(i64::MAX)
+    /// Remove a slot; returns it and whether its key has no slots left.
+    pub fn remove(&mut self, key: u32, id: i64) -> Option<(Slot, bool)> {
+        let slot = self.slots.remove(&(key, id))?;
+        let last = match self.per_key.get_mut(&key) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                self.per_key.remove(&key);
+                true
+            }
+        };
+        Some((slot, last))
     }
 
-    /// Open windows.
+    pub fn add_timer(&mut self, t: Timer) {
+        self.timers.insert(t);
+    }
+
+    pub fn remove_timer(&mut self, t: &Timer) {
+        self.timers.remove(t);
+    }
+
+    /// Time of the earliest timer.
+    #[inline]
+    pub fn next_timer(&self) -> Option<i64> {
+        self.timers.first().map(|t| t.time)
+    }
+
+    /// Take the earliest timer if it is due at `watermark`.
+    pub fn pop_due(&mut self, watermark: i64) -> Option<Timer> {
+        if self.timers.first()?.time <= watermark {
+            self.timers.pop_first()
+        } else {
+            None
+        }
+    }
+
+    /// Open slots.
     pub fn len(&self) -> usize {
-        self.accs.len()
+        self.slots.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.accs.is_empty()
+        self.slots.is_empty()
     }
 
-    /// Every open window, in end order, for savepoints.
-    pub fn iter(&self) -> impl Iterator<Item = (u32, Window, &[u8])> {
-        self.timers.iter().filter_map(|&(end, key, start)| {
-            self.accs.get(&(key, start)).map(|s| (key, Window { start, end }, s.acc.as_slice()))
-        })
+    /// Keys with at least one open slot.
+    pub fn keys_in_use(&self) -> usize {
+        self.per_key.len()
     }
 
-    /// Replace every accumulator (after a migration), keeping windows and order.
-    pub fn replace_accumulators(&mut self, mut next: impl FnMut(u32, Window) -> Vec<u8>) {
-        for ((key, start), slot) in self.accs.iter_mut() {
-            slot.acc = next(*key, Window { start: *start, end: slot.end });
-        }
+    /// Every slot, ordered by (window end, key id, slot id) for reproducible savepoints.
+    pub fn iter(&self) -> Vec<(u32, i64, &Slot)> {
+        let mut v: Vec<_> = self.slots.iter().map(|(&(k, id), s)| (k, id, s)).collect();
+        v.sort_by_key(|(k, id, s)| (s.window.end, s.window.start, *k, *id));
+        v
+    }
+
+    /// Pending timers, for savepoints.
+    pub fn timers(&self) -> impl Iterator<Item = &Timer> {
+        self.timers.iter()
     }
 }
 
@@ -232,19 +304,38 @@ mod tests {
     }
 
     #[test]
-    fn windows_fire_in_end_order_and_leave_the_state() {
+    fn slots_timers_and_key_counts() {
         let mut s = WindowState::default();
-        s.put(1, Window { start: 5, end: 10 }, b"b");
-        s.put(2, Window { start: 0, end: 5 }, b"a");
-        s.put(2, Window { start: 0, end: 5 }, b"a2");
-        assert_eq!(s.next_end(), Some(5));
-        assert!(s.take_until(4).is_empty());
-        let fired = s.take_until(5);
-        assert_eq!(fired.len(), 1);
-        assert_eq!((fired[0].key, fired[0].acc.as_slice()), (2, &b"a2"[..]));
-        assert_eq!(s.len(), 1);
-        assert_eq!(s.get(2, 0), b"");
-        assert_eq!(s.take_all().len(), 1);
+        let w = Window { start: 0, end: 5 };
+        assert!(s.open(2, 0, w));
+        assert!(!s.open(2, 0, w));
+        assert!(s.open(2, 5, Window { start: 5, end: 10 }));
+        s.set_acc(2, 0, b"a");
+        assert_eq!(s.acc(2, 0), b"a");
+        s.add_timer(Timer { time: 10, kind: TimerKind::Fire, key: 2, id: 5 });
+        s.add_timer(Timer { time: 5, kind: TimerKind::Cleanup, key: 2, id: 0 });
+        s.add_timer(Timer { time: 5, kind: TimerKind::Fire, key: 2, id: 0 });
+        assert_eq!(s.next_timer(), Some(5));
+        assert_eq!(s.pop_due(4), None);
+        assert_eq!(s.pop_due(5).map(|t| t.kind), Some(TimerKind::Fire));
+        assert_eq!(s.pop_due(5).map(|t| t.kind), Some(TimerKind::Cleanup));
+        assert_eq!(s.pop_due(5), None);
+        assert_eq!(s.remove(2, 0).map(|(_, last)| last), Some(false));
+        assert_eq!(s.remove(2, 5).map(|(_, last)| last), Some(true));
         assert!(s.is_empty());
+        assert_eq!(s.keys_in_use(), 0);
+    }
+
+    #[test]
+    fn removed_keys_free_their_ids() {
+        let mut t = KeyTable::default();
+        let a = t.intern(b"\x01\0\0\0a");
+        let b = t.intern(b"\x01\0\0\0b");
+        t.remove(a);
+        assert_eq!(t.get(b"\x01\0\0\0a"), None);
+        let c = t.intern(b"\x01\0\0\0c");
+        assert_eq!(c, a);
+        assert_eq!(t.fields(b).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(t.len(), 2);
     }
 }

@@ -1,5 +1,5 @@
-//! Event time: watermarks derived from the event times a source has seen.
+//! Event time: watermarks derived from the event times each partition has seen.
 
 pub mod watermark;
 
-pub use watermark::Watermark;
+pub use watermark::{Idleness, WatermarkState, Watermarks};

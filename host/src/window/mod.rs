@@ -1,10 +1,18 @@
-//! Window assignment: which window an event time belongs to, and when a window is over.
+//! Windows: which slot of state an event belongs to, and which windows a slot feeds.
 //!
-//! A window is `[start, end)` in event-time milliseconds. Tumbling windows are aligned to
-//! the epoch (`start = floor(t / size) * size`), as in Flink with no offset, so every
-//! key's windows share boundaries and fire together.
+//! A window is `[start, end)` in event-time milliseconds. Tumbling windows and sliding
+//! windows are aligned to the epoch (`start = floor(t / step) * step`), as in Flink with
+//! no offset, so every key's windows share boundaries and fire together. A sliding
+//! window of `size` every `slide` is built from panes of `slide`: each event is added to
+//! exactly one pane, and a window's result is the in-order merge of its `size / slide`
+//! panes. A session is `[first event, last event + gap)` per key and grows or merges as
+//! events arrive.
+//!
+//! [`operator`] runs the windows of one aggregation over host-owned state.
 
-use crate::pipeline::WindowSpec;
+pub mod operator;
+
+use crate::pipeline::WindowKind;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -13,26 +21,72 @@ pub struct Window {
     pub end: i64,
 }
 
-#[derive(Debug, Clone, Copy)]
+impl Window {
+    /// Whether two windows overlap (sessions merge when they do).
+    pub fn overlaps(&self, other: &Window) -> bool {
+        self.start < other.end && other.start < self.end
+    }
+
+    pub fn union(&self, other: &Window) -> Window {
+        Window { start: self.start.min(other.start), end: self.end.max(other.end) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Assigner {
     Tumbling { size: i64 },
+    Sliding { size: i64, slide: i64 },
+    Session { gap: i64 },
 }
 
 impl Assigner {
-    pub fn new(spec: WindowSpec) -> Self {
-        match spec {
-            WindowSpec::Tumbling { size_ms } => Assigner::Tumbling { size: size_ms },
+    pub fn new(kind: WindowKind) -> Self {
+        match kind {
+            WindowKind::Tumbling { size_ms } => Assigner::Tumbling { size: size_ms },
+            WindowKind::Sliding { size_ms, slide_ms } => Assigner::Sliding { size: size_ms, slide: slide_ms },
+            WindowKind::Session { gap_ms } => Assigner::Session { gap: gap_ms },
         }
     }
 
-    /// The window of an event at time `t`.
+    /// The slot an event at `t` starts from: its tumbling window, its sliding pane, or its
+    /// own session `[t, t + gap)` before merging.
     #[inline]
-    pub fn assign(&self, t: i64) -> Window {
+    pub fn slot(&self, t: i64) -> Window {
+        let aligned = |step: i64| {
+            let start = t.div_euclid(step) * step;
+            Window { start, end: start.saturating_add(step) }
+        };
         match *self {
-            Assigner::Tumbling { size } => {
-                let start = t.div_euclid(size) * size;
-                Window { start, end: start.saturating_add(size) }
-            }
+            Assigner::Tumbling { size } => aligned(size),
+            Assigner::Sliding { slide, .. } => aligned(slide),
+            Assigner::Session { gap } => Window { start: t, end: t.saturating_add(gap) },
+        }
+    }
+
+    /// End of the last window a slot feeds: after the watermark passes it (and the
+    /// allowed lateness), the slot is no longer needed.
+    #[inline]
+    pub fn last_end(&self, slot: Window) -> i64 {
+        match *self {
+            Assigner::Sliding { size, .. } => slot.start.saturating_add(size),
+            _ => slot.end,
+        }
+    }
+
+    /// Ends of the windows a slot feeds, earliest first.
+    pub fn window_ends(&self, slot: Window) -> impl Iterator<Item = i64> {
+        let (first, last, step) = match *self {
+            Assigner::Sliding { size, slide } => (slot.end, slot.start.saturating_add(size), slide),
+            _ => (slot.end, slot.end, 1),
+        };
+        (0..).map(move |i| first + i * step).take_while(move |&e| e <= last)
+    }
+
+    /// The window that ends at `end` (sliding windows are identified by their end).
+    pub fn window_ending(&self, end: i64) -> Window {
+        match *self {
+            Assigner::Sliding { size, .. } | Assigner::Tumbling { size } => Window { start: end - size, end },
+            Assigner::Session { .. } => Window { start: end, end },
         }
     }
 }
@@ -44,8 +98,30 @@ mod tests {
     #[test]
     fn tumbling_is_epoch_aligned_including_negative_times() {
         let a = Assigner::Tumbling { size: 300_000 };
-        assert_eq!(a.assign(1757844030000), Window { start: 1757844000000, end: 1757844300000 });
-        assert_eq!(a.assign(1757844300000).start, 1757844300000);
-        assert_eq!(a.assign(-1), Window { start: -300_000, end: 0 });
+        assert_eq!(a.slot(1757844030000), Window { start: 1757844000000, end: 1757844300000 });
+        assert_eq!(a.slot(1757844300000).start, 1757844300000);
+        assert_eq!(a.slot(-1), Window { start: -300_000, end: 0 });
+        assert_eq!(a.window_ends(a.slot(10)).collect::<Vec<_>>(), vec![300_000]);
+    }
+
+    #[test]
+    fn sliding_panes_feed_size_over_slide_windows() {
+        let a = Assigner::Sliding { size: 300, slide: 60 };
+        let pane = a.slot(130);
+        assert_eq!(pane, Window { start: 120, end: 180 });
+        // Windows [-120,180), [-60,240), [0,300), [60,360), [120,420) contain t=130.
+        assert_eq!(a.window_ends(pane).collect::<Vec<_>>(), vec![180, 240, 300, 360, 420]);
+        assert_eq!(a.last_end(pane), 420);
+        assert_eq!(a.window_ending(420), Window { start: 120, end: 420 });
+    }
+
+    #[test]
+    fn sessions_overlap_and_union() {
+        let a = Assigner::Session { gap: 180 };
+        let s = a.slot(1000);
+        assert_eq!(s, Window { start: 1000, end: 1180 });
+        assert!(s.overlaps(&a.slot(1179)));
+        assert!(!s.overlaps(&a.slot(1180)));
+        assert_eq!(s.union(&a.slot(1100)), Window { start: 1000, end: 1280 });
     }
 }

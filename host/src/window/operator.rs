@@ -1,0 +1,619 @@
+//! The window operator of one aggregation: it owns the aggregation's keys, slots of
+//! state (windows, panes or sessions with their accumulators), timers and plugin, and
+//! turns accepted events and watermark advances into plugin calls and results.
+//!
+//! - Every event goes into exactly one slot; slots are opened when the event is staged,
+//!   and each slot schedules its timers then: `Fire` at the end of every window it feeds
+//!   and `Cleanup` once the allowed lateness after its last window is over.
+//! - Staged rows reach the plugin in batches ([`Batch`]); a batch is flushed before any
+//!   window fires, so batching never changes results.
+//! - An event is late (side output) when every window it would feed is past its allowed
+//!   lateness; an event for a window that fired but is within its allowed lateness
+//!   updates it and the window is emitted again under the same key.
+
+use super::{Assigner, Window};
+use crate::pipeline::WindowSpec;
+use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, Row, Value};
+use crate::plugin::{packed_item, FieldType, Groups, Plugin, PluginIdentity};
+use crate::source::json::Scalar;
+use crate::state::{KeyTable, Timer, TimerKind, WindowState};
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// What one aggregation did, cumulative across savepoint resumes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorCounters {
+    /// Events added to a slot.
+    pub accepted: u64,
+    /// Events past every window's allowed lateness (sent to the late side output).
+    pub late: u64,
+    /// Accepted events whose window had already fired (re-emitted within the lateness).
+    pub late_updates: u64,
+    /// Window results computed (a re-emission counts again).
+    pub windows_fired: u64,
+    /// Result records written.
+    pub emitted: u64,
+}
+
+/// A result record: the key it is written under and its JSON value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emitted {
+    pub key: String,
+    pub value: String,
+}
+
+/// What became of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Accepted,
+    /// Late for every window it feeds; `window` is the last of them.
+    Late {
+        window: Window,
+    },
+}
+
+/// One saved slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedSlot {
+    pub key: Vec<String>,
+    pub id: i64,
+    pub window: Window,
+    pub acc: Vec<u8>,
+}
+
+/// A saved staged row (ordered plugins keep rows until their slot is complete).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SavedRow {
+    pub key: Vec<String>,
+    pub id: i64,
+    pub time: i64,
+    pub values: Vec<Value>,
+}
+
+/// An operator's state as savepoints hold it.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub slots: Vec<SavedSlot>,
+    pub rows: Vec<SavedRow>,
+    pub counters: OperatorCounters,
+}
+
+pub struct WindowOperator {
+    name: String,
+    /// Result keys start with `<name>|` when a pipeline has several aggregations.
+    prefixed: bool,
+    assigner: Assigner,
+    lateness: i64,
+    keys: KeyTable,
+    state: WindowState,
+    batch: Batch,
+    batch_size: usize,
+    plugin: Plugin,
+    /// (projection slot, type) of each plugin column.
+    columns: Vec<(usize, FieldType)>,
+    /// Earliest timer: nothing fires before the watermark reaches it.
+    next_fire: i64,
+    /// Open session ids per key.
+    sessions: FastMap<u32, Vec<i64>>,
+    next_session: i64,
+    fire_groups: Groups,
+    counters: OperatorCounters,
+}
+
+impl WindowOperator {
+    /// `columns` gives, for each plugin field, its slot in the job's projection.
+    pub fn new(
+        name: &str,
+        prefixed: bool,
+        spec: &WindowSpec,
+        plugin: Plugin,
+        batch_size: usize,
+        key_arity: usize,
+        column_slots: Vec<usize>,
+    ) -> WindowOperator {
+        let types: Vec<FieldType> = plugin.info().fields.iter().map(|f| f.type_).collect();
+        let columns = column_slots.into_iter().zip(types.iter().copied()).collect();
+        WindowOperator {
+            name: name.to_string(),
+            prefixed,
+            assigner: Assigner::new(spec.kind),
+            lateness: spec.allowed_lateness_ms,
+            keys: KeyTable::default(),
+            state: WindowState::default(),
+            batch: Batch::new(&types, key_arity, plugin.info().ordered_input),
+            batch_size,
+            plugin,
+            columns,
+            next_fire: i64::MAX,
+            sessions: FastMap::default(),
+            next_session: 0,
+            fire_groups: empty_groups(key_arity as u32),
+            counters: OperatorCounters::default(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    pub fn identity(&self) -> &PluginIdentity {
+        self.plugin.identity()
+    }
+
+    pub fn counters(&self) -> &OperatorCounters {
+        &self.counters
+    }
+
+    /// The job sent one of this aggregation's events to the late side output.
+    pub fn count_late(&mut self) {
+        self.counters.late += 1;
+    }
+
+    /// Open slots (windows, panes, sessions).
+    pub fn open_slots(&self) -> usize {
+        self.state.len()
+    }
+
+    /// Interned keys.
+    pub fn keys(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Staged rows not yet given to the plugin.
+    pub fn staged(&self) -> usize {
+        self.batch.len()
+    }
+
+    #[inline]
+    pub fn knows_key(&self, key: &[u8]) -> bool {
+        self.keys.get(key).is_some()
+    }
+
+    /// Check the plugin's columns in a projected record; the reason names the field.
+    #[inline]
+    pub fn check(&self, slots: &[Option<Scalar>], names: &[String]) -> Result<(), String> {
+        for &(slot, ty) in &self.columns {
+            let Some(v) = &slots[slot] else { return Err(format!("missing field `{}`", names[slot])) };
+            let ok = match (ty, v) {
+                (FieldType::Int, Scalar::Int(_)) => true,
+                (FieldType::Float, Scalar::Int(_)) => true,
+                (FieldType::Float, Scalar::Number(raw)) => parse_f64(raw).is_some(),
+                (FieldType::Boolean, Scalar::Bool(_)) => true,
+                (FieldType::Text, s @ Scalar::Str { .. }) => match s.as_str() {
+                    Some(Ok(_)) => true,
+                    Some(Err(e)) => return Err(format!("field `{}`: {}", names[slot], e.message)),
+                    None => false,
+                },
+                _ => false,
+            };
+            if !ok {
+                let want = match ty {
+                    FieldType::Int => "an integer",
+                    FieldType::Float => "a number",
+                    FieldType::Text => "a string",
+                    FieldType::Boolean => "a boolean",
+                };
+                return Err(format!("field `{}`: expected {want}, got {}", names[slot], v.kind()));
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn stage_columns(&mut self, slots: &[Option<Scalar>]) {
+        for (col, &(slot, ty)) in self.columns.iter().enumerate() {
+            match (ty, slots[slot]) {
+                (FieldType::Int, Some(Scalar::Int(v))) => self.batch.push_int(col, v),
+                (FieldType::Float, Some(Scalar::Int(v))) => self.batch.push_float(col, v as f64),
+                (FieldType::Float, Some(Scalar::Number(raw))) => {
+                    self.batch.push_float(col, parse_f64(raw).unwrap_or(f64::NAN))
+                }
+                (FieldType::Boolean, Some(Scalar::Bool(b))) => self.batch.push_bool(col, b),
+                (FieldType::Text, Some(s)) => {
+                    let text = match s.as_str() {
+                        Some(Ok(t)) => t,
+                        _ => Cow::Borrowed(""),
+                    };
+                    self.batch.push_text(col, &text)
+                }
+                _ => unreachable!("columns are checked before staging"),
+            }
+        }
+    }
+
+    /// Process an event (already checked) of `key` at time `t`, with the watermark at
+    /// its arrival. Results of re-emitted windows go to `out`.
+    #[inline]
+    pub fn on_event(
+        &mut self,
+        key: &[u8],
+        t: i64,
+        wm: i64,
+        slots: &[Option<Scalar>],
+        out: &mut Vec<Emitted>,
+    ) -> Result<Verdict> {
+        match self.assigner {
+            Assigner::Session { .. } => self.on_session_event(key, t, wm, slots, out),
+            _ => self.on_slot_event(key, t, wm, slots, out),
+        }
+    }
+
+    /// Tumbling windows and sliding panes: the slot is fixed by the event time.
+    #[inline]
+    fn on_slot_event(
+        &mut self,
+        key: &[u8],
+        t: i64,
+        wm: i64,
+        slots: &[Option<Scalar>],
+        out: &mut Vec<Emitted>,
+    ) -> Result<Verdict> {
+        let slot = self.assigner.slot(t);
+        let last = self.assigner.last_end(slot);
+        if last.saturating_add(self.lateness) <= wm {
+            return Ok(Verdict::Late { window: self.assigner.window_ending(last) });
+        }
+        let k = self.keys.intern(key);
+        if self.state.open(k, slot.start, slot) {
+            self.schedule(k, slot.start, slot, wm);
+        }
+        self.batch.push_row(k, slot.start, t);
+        self.stage_columns(slots);
+        self.counters.accepted += 1;
+        if slot.end <= wm {
+            // Some of its windows have fired: update and emit again those still within
+            // the allowed lateness.
+            self.counters.late_updates += 1;
+            self.flush(Some(wm))?;
+            let ends: Vec<i64> = self
+                .assigner
+                .window_ends(slot)
+                .filter(|&e| e <= wm && e.saturating_add(self.lateness) > wm)
+                .collect();
+            let fires: Vec<(u32, i64)> = ends.into_iter().map(|e| (k, e)).collect();
+            self.emit(&fires, out)?;
+        } else if self.batch.len() >= self.batch_size {
+            self.flush(Some(wm))?;
+        }
+        Ok(Verdict::Accepted)
+    }
+
+    /// Sessions: the event's own window `[t, t + gap)` merges with every session of the
+    /// key it overlaps.
+    fn on_session_event(
+        &mut self,
+        key: &[u8],
+        t: i64,
+        wm: i64,
+        slots: &[Option<Scalar>],
+        out: &mut Vec<Emitted>,
+    ) -> Result<Verdict> {
+        let own = self.assigner.slot(t);
+        let k = self.keys.intern(key);
+        let mut overlapping: Vec<(Window, i64)> = self
+            .sessions
+            .get(&k)
+            .into_iter()
+            .flatten()
+            .filter_map(|&id| self.state.slot(k, id).map(|s| (s.window, id)))
+            .filter(|(w, _)| w.overlaps(&own))
+            .collect();
+        overlapping.sort();
+        let merged = overlapping.iter().fold(own, |m, (w, _)| m.union(w));
+        if merged.end.saturating_add(self.lateness) <= wm {
+            if !self.sessions.contains_key(&k) && !self.batch.stages_key(k) {
+                self.keys.remove(k);
+            }
+            return Ok(Verdict::Late { window: merged });
+        }
+        let id = match overlapping.first() {
+            None => {
+                let id = self.next_session;
+                self.next_session += 1;
+                self.state.open(k, id, own);
+                self.sessions.entry(k).or_default().push(id);
+                self.schedule(k, id, own, wm);
+                id
+            }
+            Some(&(first, target)) => {
+                if overlapping.len() > 1 && !self.batch.ordered() {
+                    // Bring every staged row into the accumulators before merging them.
+                    self.flush(None)?;
+                }
+                let mut acc = self.state.acc(k, target).to_vec();
+                for &(w, other) in &overlapping[1..] {
+                    self.batch.relabel(k, other, target);
+                    let theirs = self.state.acc(k, other).to_vec();
+                    acc = match (acc.is_empty(), theirs.is_empty()) {
+                        (_, true) => acc,
+                        (true, false) => theirs,
+                        (false, false) => {
+                            let m = self.plugin.merge(
+                                &packed_of([&acc[..]].into_iter()),
+                                &packed_of([&theirs[..]].into_iter()),
+                            )?;
+                            packed_item(&m, 0).to_vec()
+                        }
+                    };
+                    self.unschedule(k, other, w);
+                    self.state.remove(k, other);
+                    if let Some(ids) = self.sessions.get_mut(&k) {
+                        ids.retain(|&i| i != other);
+                    }
+                }
+                self.state.set_acc(k, target, &acc);
+                if merged != first {
+                    self.unschedule(k, target, first);
+                    self.state.set_window(k, target, merged);
+                    self.schedule(k, target, merged, wm);
+                }
+                target
+            }
+        };
+        self.batch.push_row(k, id, t);
+        self.stage_columns(slots);
+        self.counters.accepted += 1;
+        if merged.end <= wm {
+            self.counters.late_updates += 1;
+            self.flush(Some(wm))?;
+            self.emit(&[(k, id)], out)?;
+        } else if self.batch.len() >= self.batch_size {
+            self.flush(Some(wm))?;
+        }
+        Ok(Verdict::Accepted)
+    }
+
+    /// Timers of a new (or grown) slot: fire at the end of every window it feeds that
+    /// has not fired yet, clean up after the last one's allowed lateness.
+    fn schedule(&mut self, key: u32, id: i64, slot: Window, wm: i64) {
+        let sliding = matches!(self.assigner, Assigner::Sliding { .. });
+        for end in self.assigner.window_ends(slot).filter(|&e| e > wm) {
+            // Sliding windows are identified by their end; the others by their slot.
+            let fire_id = if sliding { end } else { id };
+            self.state.add_timer(Timer { time: end, kind: TimerKind::Fire, key, id: fire_id });
+            self.next_fire = self.next_fire.min(end);
+        }
+        let cleanup = self.assigner.last_end(slot).saturating_add(self.lateness);
+        self.state.add_timer(Timer { time: cleanup, kind: TimerKind::Cleanup, key, id });
+        self.next_fire = self.next_fire.min(cleanup);
+    }
+
+    /// Drop the timers of a session's old bounds.
+    fn unschedule(&mut self, key: u32, id: i64, slot: Window) {
+        self.state.remove_timer(&Timer { time: slot.end, kind: TimerKind::Fire, key, id });
+        let cleanup = slot.end.saturating_add(self.lateness);
+        self.state.remove_timer(&Timer { time: cleanup, kind: TimerKind::Cleanup, key, id });
+    }
+
+    /// Hand staged rows to the plugin: all of them, or for ordered plugins those whose
+    /// slot is complete at watermark `ready`.
+    pub fn flush(&mut self, ready: Option<i64>) -> Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let ready = if self.batch.ordered() { Some(ready.unwrap_or(i64::MAX)) } else { None };
+        let groups = self.batch.assemble(&self.keys, &self.state, ready);
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let accs = self.plugin.add(&self.batch.groups, &self.batch.events)?;
+        for (i, (key, id)) in groups.into_iter().enumerate() {
+            self.state.set_acc(key, id, packed_item(&accs, i));
+        }
+        Ok(())
+    }
+
+    /// The watermark moved to `wm`: fire and clean up whatever is due.
+    #[inline]
+    pub fn advance(&mut self, wm: i64, out: &mut Vec<Emitted>) -> Result<()> {
+        if wm < self.next_fire {
+            return Ok(());
+        }
+        self.run_timers(wm, out)
+    }
+
+    /// End of a bounded input: every window fires.
+    pub fn drain(&mut self, out: &mut Vec<Emitted>) -> Result<()> {
+        self.run_timers(i64::MAX, out)
+    }
+
+    fn run_timers(&mut self, wm: i64, out: &mut Vec<Emitted>) -> Result<()> {
+        self.flush(Some(wm))?;
+        let mut fires = Vec::new();
+        let mut cleanups = Vec::new();
+        while let Some(t) = self.state.pop_due(wm) {
+            match t.kind {
+                TimerKind::Fire => fires.push((t.key, t.id)),
+                TimerKind::Cleanup => cleanups.push((t.key, t.id)),
+            }
+        }
+        self.emit(&fires, out)?;
+        for (key, id) in cleanups {
+            if let Some((_, last)) = self.state.remove(key, id) {
+                if let Some(ids) = self.sessions.get_mut(&key) {
+                    ids.retain(|&i| i != id);
+                    if ids.is_empty() {
+                        self.sessions.remove(&key);
+                    }
+                }
+                if last && !self.batch.stages_key(key) {
+                    self.keys.remove(key);
+                }
+            }
+        }
+        self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
+        Ok(())
+    }
+
+    /// Compute and write the results of windows: `(key, id)` is a slot for tumbling and
+    /// session windows, `(key, end)` for sliding windows (merged from their panes).
+    fn emit(&mut self, fires: &[(u32, i64)], out: &mut Vec<Emitted>) -> Result<()> {
+        if fires.is_empty() {
+            return Ok(());
+        }
+        // (key, window, accumulator) of every window.
+        let mut windows: Vec<(u32, Window, Vec<u8>)> = match self.assigner {
+            Assigner::Sliding { size, slide } => self.merge_panes(fires, size, slide)?,
+            _ => fires
+                .iter()
+                .filter_map(|&(k, id)| self.state.slot(k, id).map(|s| (k, s.window, s.acc.clone())))
+                .collect(),
+        };
+        let keys = &self.keys;
+        windows.sort_by(|a, b| {
+            (a.1.end, a.1.start)
+                .cmp(&(b.1.end, b.1.start))
+                .then_with(|| keys.raw_fields(a.0).cmp(keys.raw_fields(b.0)))
+        });
+        for chunk in windows.chunks(self.batch_size) {
+            fill_groups(
+                &mut self.fire_groups,
+                &self.keys,
+                chunk.iter().map(|(k, w, a)| (*k, *w, a.as_slice())),
+            );
+            let emitted = self.plugin.finish(&self.fire_groups)?;
+            self.counters.windows_fired += chunk.len() as u64;
+            for e in emitted {
+                let (k, w, _) = &chunk[e.group as usize];
+                let value = self.check_value(e.value)?;
+                let mut key = if self.prefixed { format!("{}|", self.name) } else { String::new() };
+                key.push_str(&w.start.to_string());
+                for f in self.keys.fields(*k) {
+                    key.push('|');
+                    key.push_str(f);
+                }
+                self.counters.emitted += 1;
+                out.push(Emitted { key, value });
+            }
+        }
+        Ok(())
+    }
+
+    /// Merge each sliding window's panes, earliest first, in rounds of batched calls.
+    fn merge_panes(
+        &mut self,
+        fires: &[(u32, i64)],
+        size: i64,
+        slide: i64,
+    ) -> Result<Vec<(u32, Window, Vec<u8>)>> {
+        let mut windows = Vec::with_capacity(fires.len());
+        let mut panes: Vec<Vec<i64>> = Vec::with_capacity(fires.len());
+        for &(k, end) in fires {
+            let start = end - size;
+            let ids: Vec<i64> = (0..size / slide)
+                .map(|i| start + i * slide)
+                .filter(|&p| self.state.slot(k, p).is_some())
+                .collect();
+            if let Some(&first) = ids.first() {
+                windows.push((k, Window { start, end }, self.state.acc(k, first).to_vec()));
+                panes.push(ids);
+            }
+        }
+        let rounds = panes.iter().map(Vec::len).max().unwrap_or(0);
+        for r in 1..rounds {
+            let todo: Vec<usize> = (0..windows.len()).filter(|&w| panes[w].len() > r).collect();
+            let left = packed_of(todo.iter().map(|&w| windows[w].2.as_slice()));
+            let right = packed_of(todo.iter().map(|&w| self.state.acc(windows[w].0, panes[w][r])));
+            let merged = self.plugin.merge(&left, &right)?;
+            for (i, &w) in todo.iter().enumerate() {
+                windows[w].2 = packed_item(&merged, i).to_vec();
+            }
+        }
+        Ok(windows)
+    }
+
+    /// A result value must be one JSON object on one line.
+    fn check_value(&self, value: String) -> Result<String> {
+        let bad = |m: String| Error::PluginCall {
+            plugin: self.identity().name.clone(),
+            call: "finish",
+            message: m,
+        };
+        if !value.trim_start().starts_with('{') {
+            return Err(bad(format!("emitted a value that is not a JSON object: {value:.200}")));
+        }
+        if value.contains(['\n', '\r']) {
+            let v: serde_json::Value =
+                serde_json::from_str(&value).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+            return serde_json::to_string(&v).map_err(|e| bad(e.to_string()));
+        }
+        serde_json::from_str::<serde::de::IgnoredAny>(&value)
+            .map_err(|e| bad(format!("invalid JSON: {e}")))?;
+        Ok(value)
+    }
+
+    /// The operator's state for a savepoint: unordered plugins are flushed first, so only
+    /// ordered plugins leave staged rows (of incomplete slots).
+    pub fn snapshot(&mut self) -> Result<Snapshot> {
+        if !self.batch.ordered() {
+            self.flush(None)?;
+        }
+        let fields = |k: u32| self.keys.fields(k).map(str::to_string).collect::<Vec<_>>();
+        let slots = self
+            .state
+            .iter()
+            .into_iter()
+            .map(|(k, id, s)| SavedSlot { key: fields(k), id, window: s.window, acc: s.acc.clone() })
+            .collect();
+        let rows = self
+            .batch
+            .rows()
+            .into_iter()
+            .map(|r: Row| SavedRow { key: fields(r.key), id: r.id, time: r.time, values: r.values })
+            .collect();
+        Ok(Snapshot { slots, rows, counters: self.counters.clone() })
+    }
+
+    /// Load a savepoint's state (accumulators already migrated) at watermark `wm`.
+    pub fn restore(&mut self, snap: &Snapshot, wm: i64) -> Result<()> {
+        let mut key = Vec::new();
+        let mut intern = |keys: &mut KeyTable, fields: &[String]| {
+            key.clear();
+            for f in fields {
+                crate::state::push_key_field(&mut key, f.as_bytes());
+            }
+            keys.intern(&key)
+        };
+        for s in &snap.slots {
+            let k = intern(&mut self.keys, &s.key);
+            self.state.open(k, s.id, s.window);
+            self.state.set_acc(k, s.id, &s.acc);
+            self.schedule(k, s.id, s.window, wm);
+            if matches!(self.assigner, Assigner::Session { .. }) {
+                self.sessions.entry(k).or_default().push(s.id);
+                self.next_session = self.next_session.max(s.id + 1);
+            }
+        }
+        for r in &snap.rows {
+            let k = intern(&mut self.keys, &r.key);
+            self.batch.push(&Row { key: k, id: r.id, time: r.time, values: r.values.clone() });
+        }
+        self.counters = snap.counters.clone();
+        Ok(())
+    }
+
+    /// Run the plugin's `migrate` over every saved accumulator (deploy of a new version).
+    pub fn migrate(&mut self, from_schema: u32, snap: &mut Snapshot) -> Result<()> {
+        let mut out = Vec::with_capacity(snap.slots.len());
+        for chunk in snap.slots.chunks(self.batch_size.max(1)) {
+            let m = self.plugin.migrate(from_schema, &packed_of(chunk.iter().map(|s| s.acc.as_slice())))?;
+            out.extend((0..chunk.len()).map(|i| packed_item(&m, i).to_vec()));
+        }
+        for (s, acc) in snap.slots.iter_mut().zip(out) {
+            s.acc = acc;
+        }
+        Ok(())
+    }
+}
+
+fn parse_f64(raw: &[u8]) -> Option<f64> {
+    std::str::from_utf8(raw).ok()?.parse().ok()
+}

@@ -207,3 +207,109 @@ pub fn stock_stream(spec: &StockStream, out: &mut impl Write) -> io::Result<Gene
     w.flush()?;
     Ok(g)
 }
+
+/// Shape of a generated `reparto.posiciones` stream (the delivery panel, case (b)).
+#[derive(Debug, Clone)]
+pub struct DeliveryStream {
+    pub riders: u32,
+    /// Event-time span of the stream.
+    pub minutes: u32,
+    pub seed: u64,
+    /// Event time of the first positions, epoch ms (default 2025-09-14 10:00 UTC).
+    pub start_ms: i64,
+    /// Mean time between two positions of one rider, ms.
+    pub interval_ms: i64,
+    /// Tunnels: positions logged without coverage arrive in a burst on the way out.
+    pub tunnels: bool,
+    /// Silences of 4-10 minutes (the sessions the panel reports).
+    pub silences: bool,
+    /// `furgoneta-3`'s phone is off for 5 minutes and resends them 22 minutes late.
+    pub late_resend: bool,
+    /// Number of partitions written into the `particion` field (0: no field).
+    pub partitions: u32,
+}
+
+impl Default for DeliveryStream {
+    fn default() -> Self {
+        DeliveryStream {
+            riders: 140,
+            minutes: 60,
+            seed: 7,
+            start_ms: 1_757_844_000_000,
+            interval_ms: 10_000,
+            tunnels: true,
+            silences: true,
+            late_resend: true,
+            partitions: 0,
+        }
+    }
+}
+
+/// Name of rider `i` (0-based): furgonetas, motos and bicis.
+pub fn rider_name(i: u32) -> String {
+    let kind = ["furgoneta", "moto", "bici"][i as usize % 3];
+    format!("{kind}-{}", i / 3 + 1)
+}
+
+/// Write the stream in arrival order; returns how many positions were written.
+pub fn delivery_stream(spec: &DeliveryStream, out: &mut impl Write) -> io::Result<u64> {
+    let mut rng = Rng::new(spec.seed);
+    // (arrival, event time, rider, lat, lon)
+    let mut evs: Vec<(i64, i64, u32, f64, f64)> = Vec::new();
+    let end = spec.start_ms + spec.minutes as i64 * 60_000;
+    let resend_rider = 6; // rider_name(6) == "furgoneta-3"
+    for r in 0..spec.riders {
+        let mut lat = 41.9794 + (rng.unit() - 0.5) * 0.04;
+        let mut lon = 2.8214 + (rng.unit() - 0.5) * 0.06;
+        let base_speed = [7.0, 9.0, 4.0][r as usize % 3];
+        let mut heading = rng.unit() * std::f64::consts::TAU;
+        let mut t = spec.start_ms + rng.below(spec.interval_ms as u64) as i64;
+        let mut tunnel_until = i64::MIN;
+        let mut stopped_until = i64::MIN;
+        while t < end {
+            let dt = spec.interval_ms / 2 + rng.below(spec.interval_ms as u64) as i64;
+            if spec.silences && rng.unit() < 0.002 {
+                t += 240_000 + rng.below(360_000) as i64; // no signal for 4-10 minutes
+                continue;
+            }
+            if rng.unit() < 0.01 {
+                stopped_until = t + 60_000 + rng.below(120_000) as i64; // a delivery stop
+            }
+            let speed = if t < stopped_until { 0.0 } else { base_speed * (0.5 + rng.unit()) };
+            heading += (rng.unit() - 0.5) * 0.6;
+            let metres = speed * dt as f64 / 1000.0;
+            lat += metres * heading.cos() / 111_320.0;
+            lon += metres * heading.sin() / (111_320.0 * lat.to_radians().cos());
+            if spec.tunnels && t > tunnel_until && rng.unit() < 0.003 {
+                tunnel_until = t + 60_000 + rng.below(120_000) as i64;
+            }
+            let mut arrival =
+                t + if rng.unit() < 0.01 { rng.below(45_000) } else { 300 + rng.below(1_700) } as i64;
+            if t < tunnel_until {
+                arrival = tunnel_until + rng.below(3_000) as i64; // the burst on the way out
+            }
+            let resend_from = spec.start_ms + 20 * 60_000;
+            if spec.late_resend && r == resend_rider && t >= resend_from && t < resend_from + 5 * 60_000 {
+                arrival = t + 22 * 60_000;
+            }
+            evs.push((arrival, t, r, lat, lon));
+            t += dt;
+        }
+    }
+    evs.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    let mut w = io::BufWriter::with_capacity(1 << 20, out);
+    for &(arrival, t, r, lat, lon) in &evs {
+        let part = if spec.partitions > 0 {
+            format!(", \"particion\": {}", r % spec.partitions)
+        } else {
+            String::new()
+        };
+        writeln!(
+            w,
+            "{{\"repartidor\": \"{}\", \"lat\": {lat:.6}, \"lon\": {lon:.6}, \"fecha_ms\": {t}, \"llegada_ms\": {arrival}{part}}}",
+            rider_name(r)
+        )?;
+    }
+    w.flush()?;
+    Ok(evs.len() as u64)
+}

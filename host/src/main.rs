@@ -54,8 +54,31 @@ enum Command {
         #[command(flatten)]
         args: RunArgs,
     },
-    /// Generate a synthetic Kilómetro Cero stock stream (JSON lines).
+    /// Generate a synthetic Kilómetro Cero stream (JSON lines).
     Generate {
+        #[command(subcommand)]
+        stream: Stream,
+    },
+    /// Measure events per CPU-second of a pipeline on a generated stream.
+    Bench {
+        pipeline: PathBuf,
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        /// Use this input instead of generating one.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// What to generate: `stock` (stock-alert) or `delivery` (delivery panel).
+        #[arg(long, default_value = "stock")]
+        stream: String,
+        #[arg(long, default_value_t = 3)]
+        repeat: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum Stream {
+    /// `stock.actualizado` events with disorder and late arrivals.
+    Stock {
         #[arg(long, default_value_t = 100_000)]
         events: u64,
         #[arg(long, default_value_t = 42)]
@@ -74,16 +97,19 @@ enum Command {
         #[arg(long, short)]
         out: PathBuf,
     },
-    /// Measure events per CPU-second of a pipeline on a generated stream.
-    Bench {
-        pipeline: PathBuf,
-        #[arg(long, default_value_t = 1_000_000)]
-        events: u64,
-        /// Use this input instead of generating one.
-        #[arg(long)]
-        input: Option<PathBuf>,
-        #[arg(long, default_value_t = 3)]
-        repeat: u32,
+    /// `reparto.posiciones`: repartidores around Girona, with tunnels and silences.
+    Delivery {
+        #[arg(long, default_value_t = 140)]
+        riders: u32,
+        #[arg(long, default_value_t = 60)]
+        minutes: u32,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Write a `particion` field with this many partitions.
+        #[arg(long, default_value_t = 0)]
+        partitions: u32,
+        #[arg(long, short)]
+        out: PathBuf,
     },
 }
 
@@ -143,7 +169,18 @@ fn run(cli: Cli) -> Result<()> {
             }
             print_summary(&summary);
         }
-        Command::Generate { events, seed, late_fraction, bad_fraction, products, markets, gap_ms, out } => {
+        Command::Generate { stream: Stream::Delivery { riders, minutes, seed, partitions, out } } => {
+            let spec =
+                km0::generate::DeliveryStream { riders, minutes, seed, partitions, ..Default::default() };
+            let mut f = std::fs::File::create(&out).with_context(|| format!("create {}", out.display()))?;
+            let n = km0::generate::delivery_stream(&spec, &mut f)
+                .with_context(|| format!("write {}", out.display()))?;
+            eprintln!("km0: wrote {n} positions of {riders} repartidores to {}", out.display());
+        }
+        Command::Generate {
+            stream:
+                Stream::Stock { events, seed, late_fraction, bad_fraction, products, markets, gap_ms, out },
+        } => {
             let spec = km0::generate::StockStream {
                 events,
                 seed,
@@ -166,7 +203,9 @@ fn run(cli: Cli) -> Result<()> {
                 g.bad
             );
         }
-        Command::Bench { pipeline, events, input, repeat } => bench(&pipeline, events, input, repeat)?,
+        Command::Bench { pipeline, events, input, stream, repeat } => {
+            bench(&pipeline, events, input, &stream, repeat)?
+        }
     }
     Ok(())
 }
@@ -209,17 +248,30 @@ fn print_summary(s: &Summary) {
     }
 }
 
-fn bench(pipeline: &Path, events: u64, input: Option<PathBuf>, repeat: u32) -> Result<()> {
+fn bench(pipeline: &Path, events: u64, input: Option<PathBuf>, stream: &str, repeat: u32) -> Result<()> {
     let p = load(pipeline)?;
     let tmp = std::env::temp_dir().join(format!("km0-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let input = match input {
         Some(i) => i,
         None => {
-            let path = tmp.join("stock.jsonl");
-            let spec = km0::generate::StockStream { events, ..Default::default() };
+            let path = tmp.join("input.jsonl");
             let mut f = std::fs::File::create(&path)?;
-            km0::generate::stock_stream(&spec, &mut f)?;
+            match stream {
+                "stock" => {
+                    km0::generate::stock_stream(
+                        &km0::generate::StockStream { events, ..Default::default() },
+                        &mut f,
+                    )?;
+                }
+                "delivery" => {
+                    // About 6 positions per rider and minute.
+                    let minutes = (events / (140 * 6)).max(1) as u32;
+                    let spec = km0::generate::DeliveryStream { minutes, ..Default::default() };
+                    km0::generate::delivery_stream(&spec, &mut f)?;
+                }
+                other => bail!("unknown --stream {other:?}: stock or delivery"),
+            }
             path
         }
     };

@@ -136,17 +136,20 @@ impl Batch {
     }
 
     /// Stage a row's group and time; then push one value per column, in column order.
+    /// Returns true when the row starts a new group in this batch.
     #[inline]
-    pub fn push_row(&mut self, key: u32, id: i64, time: i64) {
+    pub fn push_row(&mut self, key: u32, id: i64, time: i64) -> bool {
         let next = self.group_list.len() as u32;
         let g = *self.index.entry((key, id)).or_insert(next);
-        if g == next {
+        let new = g == next;
+        if new {
             self.group_list.push((key, id));
             self.alias.push(NO_ALIAS);
             *self.key_groups.entry(key).or_insert(0) += 1;
         }
         self.row_group.push(g);
         self.row_time.push(time);
+        new
     }
 
     #[inline]

@@ -262,10 +262,10 @@ impl WindowOperator {
             return Ok(Verdict::Late { window: self.assigner.window_ending(last) });
         }
         let k = self.keys.intern(key);
-        if self.state.open(k, slot.start, slot) {
+        // A group already staged in this batch has its slot open.
+        if self.batch.push_row(k, slot.start, t) && self.state.open(k, slot.start, slot) {
             self.schedule(k, slot.start, slot, wm);
         }
-        self.batch.push_row(k, slot.start, t);
         self.stage_columns(slots);
         self.counters.accepted += 1;
         if slot.end <= wm {

@@ -1,0 +1,94 @@
+//! Delivery panel (Kilómetro Cero, case (b)): distance travelled per repartidor over a
+//! sliding window, as the haversine distance between consecutive positions in event-time
+//! order. Declares ordered input, so each pane's positions arrive sorted, and merges
+//! panes earliest first: the distance of a window is the panes' distances plus the legs
+//! that join one pane's last position to the next pane's first.
+
+use km0_plugin::{Aggregate, Config, Events, Field, Group, Output};
+use serde::{Deserialize, Serialize};
+
+/// Mean Earth radius, metres (IUGG).
+const EARTH_RADIUS_M: f64 = 6_371_008.8;
+
+/// A position: event time, latitude, longitude (degrees).
+#[derive(Clone, Copy, Serialize, Deserialize)]
+pub struct Fix(i64, f64, f64);
+
+/// State schema 1.
+#[derive(Default, Serialize, Deserialize)]
+pub struct Acc {
+    positions: u64,
+    first: Option<Fix>,
+    last: Option<Fix>,
+    metres: f64,
+}
+
+/// Great-circle distance between two positions, metres.
+pub fn haversine_m(a: Fix, b: Fix) -> f64 {
+    let (la1, la2) = (a.1.to_radians(), b.1.to_radians());
+    let dla = la2 - la1;
+    let dlo = (b.2 - a.2).to_radians();
+    let h = (dla / 2.0).sin().powi(2) + la1.cos() * la2.cos() * (dlo / 2.0).sin().powi(2);
+    2.0 * EARTH_RADIUS_M * h.sqrt().min(1.0).asin()
+}
+
+pub struct Distance;
+
+#[derive(Serialize)]
+struct Panel<'a> {
+    repartidor: &'a str,
+    ventana_inicio: i64,
+    ventana_fin: i64,
+    distancia_m: f64,
+    posiciones: u64,
+}
+
+impl Aggregate for Distance {
+    const NAME: &'static str = "distance";
+    const STATE_SCHEMA: u32 = 1;
+    const FIELDS: &'static [Field] = &[Field::float("lat"), Field::float("lon")];
+    const ORDERED_INPUT: bool = true;
+    type Acc = Acc;
+
+    fn configure(config: &Config) -> Result<Self, String> {
+        config.only(&[])?;
+        Ok(Distance)
+    }
+
+    fn add(&self, acc: &mut Acc, _group: &Group<'_>, events: &Events<'_>) {
+        let (times, lat, lon) = (events.times(), events.floats(0), events.floats(1));
+        for i in 0..events.len() {
+            let fix = Fix(times[i], lat[i], lon[i]);
+            if let Some(last) = acc.last {
+                acc.metres += haversine_m(last, fix);
+            }
+            acc.first.get_or_insert(fix);
+            acc.last = Some(fix);
+            acc.positions += 1;
+        }
+    }
+
+    fn merge(&self, acc: &mut Acc, later: Acc) {
+        if let (Some(last), Some(first)) = (acc.last, later.first) {
+            acc.metres += haversine_m(last, first);
+        }
+        acc.metres += later.metres;
+        acc.positions += later.positions;
+        acc.first = acc.first.or(later.first);
+        acc.last = later.last.or(acc.last);
+    }
+
+    fn finish(&self, acc: &Acc, group: &Group<'_>, out: &mut Output) {
+        if acc.positions > 0 {
+            out.emit(&Panel {
+                repartidor: group.key(0),
+                ventana_inicio: group.window_start,
+                ventana_fin: group.window_end,
+                distancia_m: acc.metres,
+                posiciones: acc.positions,
+            });
+        }
+    }
+}
+
+km0_plugin::export_plugin!(Distance);

@@ -222,3 +222,385 @@ pub fn records(path: &Path) -> Vec<(String, serde_json::Value)> {
         .map(|r| (r["key"].as_str().expect("key").to_string(), r["value"].clone()))
         .collect()
 }
+
+/// An independent, event-at-a-time model of km0's window semantics (tumbling, sliding,
+/// session; allowed lateness; per-partition watermarks with record-count idleness),
+/// written plainly for the tests: lists and maps of events, no batching, no panes'
+/// accumulators. It records, for every window result, the events in the order the
+/// plugin would see them.
+pub mod model {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Ev {
+        pub key: String,
+        pub t: i64,
+        pub lat: f64,
+        pub lon: f64,
+        /// Arrival index (ties keep arrival order).
+        pub arrival: usize,
+    }
+
+    /// What the job reads, in its order: a record of a partition (an event, or `None`
+    /// for a record that is not one), or the end of a partition's input.
+    #[derive(Debug, Clone)]
+    pub enum Input {
+        Record(usize, Option<Ev>),
+        End(usize),
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    pub enum Kind {
+        Tumbling(i64),
+        Sliding(i64, i64),
+        Session(i64),
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    pub struct Spec {
+        pub kind: Kind,
+        pub delay: i64,
+        pub lateness: i64,
+        pub idle_after: Option<u64>,
+    }
+
+    /// A window result.
+    #[derive(Debug, Clone)]
+    pub struct Fired {
+        pub key: String,
+        pub start: i64,
+        pub end: i64,
+        /// Events in plugin order.
+        pub events: Vec<Ev>,
+    }
+
+    #[derive(Default)]
+    pub struct Outcome {
+        pub fired: Vec<Fired>,
+        pub late: u64,
+    }
+
+    /// The inputs of files read round-robin, one record each in turn, as km0 reads them:
+    /// a file's end takes effect after the record read in the pass that found it.
+    pub fn round_robin(files: &[Vec<Option<Ev>>]) -> Vec<Input> {
+        let n = files.len();
+        let mut idx = vec![0; n];
+        let mut done = vec![false; n];
+        let mut next = 0;
+        let mut out = Vec::new();
+        loop {
+            let mut ended = Vec::new();
+            let mut got = None;
+            for _ in 0..n {
+                let p = next;
+                next = (next + 1) % n;
+                if done[p] {
+                    continue;
+                }
+                if idx[p] < files[p].len() {
+                    got = Some((p, files[p][idx[p]].clone()));
+                    idx[p] += 1;
+                    break;
+                }
+                done[p] = true;
+                ended.push(p);
+            }
+            match got {
+                Some((p, ev)) => {
+                    out.push(Input::Record(p, ev));
+                    out.extend(ended.into_iter().map(Input::End));
+                }
+                None => return out,
+            }
+        }
+    }
+
+    struct Part {
+        max: Option<i64>,
+        idle: bool,
+        finished: bool,
+        last_record: u64,
+    }
+
+    struct Session {
+        start: i64,
+        end: i64,
+        events: Vec<Ev>,
+        fire_at: Option<i64>,
+    }
+
+    #[derive(Default)]
+    struct Pane {
+        on_time: Vec<Ev>,
+        appended: Vec<Ev>,
+    }
+
+    /// Run the model; `partitions` are known from the start (files), more appear as
+    /// records name them (a partition field).
+    pub fn run(inputs: &[Input], partitions: usize, spec: Spec) -> Outcome {
+        let mut m = Model {
+            spec,
+            parts: (0..partitions)
+                .map(|_| Part { max: None, idle: false, finished: false, last_record: 0 })
+                .collect(),
+            records: 0,
+            wm: i64::MIN,
+            out: Outcome::default(),
+            windows: BTreeMap::new(),
+            fired: BTreeSet::new(),
+            panes: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            sessions: BTreeMap::new(),
+        };
+        for input in inputs {
+            match input {
+                Input::Record(p, ev) => {
+                    // Partitions named by a field appear when first seen.
+                    while m.parts.len() <= *p {
+                        m.parts.push(Part {
+                            max: None,
+                            idle: false,
+                            finished: false,
+                            last_record: m.records,
+                        });
+                    }
+                    m.records += 1;
+                    let part = &mut m.parts[*p];
+                    part.last_record = m.records;
+                    part.idle = false;
+                    if let Some(n) = spec.idle_after.filter(|_| m.parts.len() > 1) {
+                        for q in m.parts.iter_mut().filter(|q| !q.finished) {
+                            if m.records - q.last_record > n {
+                                q.idle = true;
+                            }
+                        }
+                    }
+                    m.recompute();
+                    if let Some(ev) = ev {
+                        m.event(ev.clone());
+                        let part = &mut m.parts[*p];
+                        part.max = Some(part.max.map_or(ev.t, |x| x.max(ev.t)));
+                        m.recompute();
+                    }
+                }
+                Input::End(p) => {
+                    m.parts[*p].finished = true;
+                    m.recompute();
+                }
+            }
+        }
+        m.wm = i64::MAX;
+        m.advance();
+        m.out
+    }
+
+    struct Model {
+        spec: Spec,
+        parts: Vec<Part>,
+        records: u64,
+        wm: i64,
+        out: Outcome,
+        // tumbling: (start, key) -> events
+        windows: BTreeMap<(i64, String), Vec<Ev>>,
+        fired: BTreeSet<(i64, String)>,
+        // sliding: (key, pane start) -> pane; pending window fires (end, key)
+        panes: BTreeMap<(String, i64), Pane>,
+        pending: BTreeSet<(i64, String)>,
+        // session: key -> sessions
+        sessions: BTreeMap<String, Vec<Session>>,
+    }
+
+    impl Model {
+        fn recompute(&mut self) {
+            let d = self.spec.delay;
+            let min = self
+                .parts
+                .iter()
+                .filter(|p| !p.idle && !p.finished)
+                .map(|p| p.max.map_or(i64::MIN, |m| m - d))
+                .min();
+            if let Some(min) = min {
+                if min > self.wm {
+                    self.wm = min;
+                    self.advance();
+                }
+            }
+        }
+
+        fn emit(&mut self, mut due: Vec<Fired>) {
+            due.sort_by(|a, b| (a.end, a.start, &a.key).cmp(&(b.end, b.start, &b.key)));
+            self.out.fired.extend(due);
+        }
+
+        fn window_events(&self, key: &str, start: i64, end: i64, slide: i64) -> Vec<Ev> {
+            let mut evs = Vec::new();
+            let mut p = start;
+            while p < end {
+                if let Some(pane) = self.panes.get(&(key.to_string(), p)) {
+                    let mut on_time = pane.on_time.clone();
+                    on_time.sort_by_key(|e| (e.t, e.arrival));
+                    evs.extend(on_time);
+                    evs.extend(pane.appended.iter().cloned());
+                }
+                p += slide;
+            }
+            evs
+        }
+
+        fn advance(&mut self) {
+            let (wm, lateness) = (self.wm, self.spec.lateness);
+            match self.spec.kind {
+                Kind::Tumbling(size) => {
+                    let due: Vec<Fired> = self
+                        .windows
+                        .iter()
+                        .filter(|((s, k), _)| s + size <= wm && !self.fired.contains(&(*s, k.clone())))
+                        .map(|((s, k), evs)| Fired {
+                            key: k.clone(),
+                            start: *s,
+                            end: s + size,
+                            events: evs.clone(),
+                        })
+                        .collect();
+                    for f in &due {
+                        self.fired.insert((f.start, f.key.clone()));
+                    }
+                    self.emit(due);
+                    self.windows.retain(|(s, _), _| (s + size).saturating_add(lateness) > wm);
+                }
+                Kind::Sliding(size, slide) => {
+                    let due: Vec<(i64, String)> =
+                        self.pending.iter().filter(|(e, _)| *e <= wm).cloned().collect();
+                    let fired = due
+                        .iter()
+                        .map(|(e, k)| Fired {
+                            key: k.clone(),
+                            start: e - size,
+                            end: *e,
+                            events: self.window_events(k, e - size, *e, slide),
+                        })
+                        .collect();
+                    for d in &due {
+                        self.pending.remove(d);
+                    }
+                    self.emit(fired);
+                    self.panes.retain(|(_, p), _| (p + size).saturating_add(lateness) > wm);
+                }
+                Kind::Session(_) => {
+                    let mut due = Vec::new();
+                    for (k, list) in self.sessions.iter_mut() {
+                        for s in list.iter_mut() {
+                            if s.fire_at.is_some_and(|f| f <= wm) {
+                                s.fire_at = None;
+                                due.push(Fired {
+                                    key: k.clone(),
+                                    start: s.start,
+                                    end: s.end,
+                                    events: s.events.clone(),
+                                });
+                            }
+                        }
+                    }
+                    self.emit(due);
+                    for list in self.sessions.values_mut() {
+                        list.retain(|s| s.end.saturating_add(lateness) > wm);
+                    }
+                    self.sessions.retain(|_, l| !l.is_empty());
+                }
+            }
+        }
+
+        fn event(&mut self, ev: Ev) {
+            let (wm, lateness) = (self.wm, self.spec.lateness);
+            match self.spec.kind {
+                Kind::Tumbling(size) => {
+                    let start = ev.t.div_euclid(size) * size;
+                    if start + size + lateness <= wm {
+                        self.out.late += 1;
+                        return;
+                    }
+                    let k = (start, ev.key.clone());
+                    let evs = self.windows.entry(k.clone()).or_default();
+                    evs.push(ev);
+                    if start + size <= wm {
+                        let f = Fired { key: k.1.clone(), start, end: start + size, events: evs.clone() };
+                        self.fired.insert(k);
+                        self.emit(vec![f]);
+                    }
+                }
+                Kind::Sliding(size, slide) => {
+                    let p = ev.t.div_euclid(slide) * slide;
+                    if p + size + lateness <= wm {
+                        self.out.late += 1;
+                        return;
+                    }
+                    let key = ev.key.clone();
+                    let new = !self.panes.contains_key(&(key.clone(), p));
+                    let pane = self.panes.entry((key.clone(), p)).or_default();
+                    if p + slide <= wm {
+                        pane.appended.push(ev);
+                    } else {
+                        pane.on_time.push(ev);
+                    }
+                    let mut e = p + slide;
+                    let mut refire = Vec::new();
+                    while e <= p + size {
+                        if new && e > wm {
+                            self.pending.insert((e, key.clone()));
+                        }
+                        if e <= wm && e + lateness > wm {
+                            refire.push(Fired {
+                                key: key.clone(),
+                                start: e - size,
+                                end: e,
+                                events: self.window_events(&key, e - size, e, slide),
+                            });
+                        }
+                        e += slide;
+                    }
+                    self.emit(refire);
+                }
+                Kind::Session(gap) => {
+                    let (own_s, own_e) = (ev.t, ev.t + gap);
+                    let list = self.sessions.entry(ev.key.clone()).or_default();
+                    let (mut s, mut e) = (own_s, own_e);
+                    for x in list.iter().filter(|x| x.start < own_e && own_s < x.end) {
+                        s = s.min(x.start);
+                        e = e.max(x.end);
+                    }
+                    if e + lateness <= wm {
+                        self.out.late += 1;
+                        if list.is_empty() {
+                            self.sessions.remove(&ev.key);
+                        }
+                        return;
+                    }
+                    let mut events = Vec::new();
+                    let mut old_bounds = None;
+                    let mut kept = Vec::new();
+                    for x in list.drain(..) {
+                        if x.start < own_e && own_s < x.end {
+                            if old_bounds.is_none_or(|(os, _, _): (i64, i64, Option<i64>)| x.start < os) {
+                                old_bounds = Some((x.start, x.end, x.fire_at));
+                            }
+                            events.extend(x.events);
+                        } else {
+                            kept.push(x);
+                        }
+                    }
+                    *list = kept;
+                    events.push(ev.clone());
+                    // The earliest merged session keeps its timer unless its bounds change.
+                    let fire_at = match old_bounds {
+                        Some((os, oe, f)) if os == s && oe == e => f,
+                        _ => (e > wm).then_some(e),
+                    };
+                    list.push(Session { start: s, end: e, events: events.clone(), fire_at });
+                    if e <= wm {
+                        self.emit(vec![Fired { key: ev.key.clone(), start: s, end: e, events }]);
+                    }
+                }
+            }
+        }
+    }
+}

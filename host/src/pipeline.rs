@@ -478,6 +478,60 @@ path = "out/dead.jsonl"
     }
 
     #[test]
+    fn sliding_session_and_several_aggregations() {
+        let sliding = GOOD.replace(
+            "kind = \"tumbling\"\nsize = \"5m\"",
+            "kind = \"sliding\"\nsize = \"5m\"\nslide = \"1m\"\nallowed_lateness = \"30s\"",
+        );
+        let p = Pipeline::parse(&sliding, Path::new("p.toml")).unwrap();
+        assert_eq!(p.aggregations[0].window.kind, WindowKind::Sliding { size_ms: 300_000, slide_ms: 60_000 });
+        assert_eq!(p.aggregations[0].window.allowed_lateness_ms, 30_000);
+        let bad = GOOD.replace(
+            "kind = \"tumbling\"\nsize = \"5m\"",
+            "kind = \"sliding\"\nsize = \"5m\"\nslide = \"2m\"",
+        );
+        let e = Pipeline::parse(&bad, Path::new("p.toml")).unwrap_err().to_string();
+        assert!(e.contains("multiple of"), "{e}");
+        let bad = GOOD.replace("kind = \"tumbling\"\nsize = \"5m\"", "kind = \"session\"\nsize = \"5m\"");
+        let e = Pipeline::parse(&bad, Path::new("p.toml")).unwrap_err().to_string();
+        assert!(e.contains("window.size` does not apply"), "{e}");
+
+        let several = r#"
+name = "panel"
+key = ["repartidor"]
+[source]
+kind = "file"
+paths = ["a.jsonl", "b.jsonl"]
+idle_timeout = "30s"
+[event_time]
+field = "fecha_ms"
+watermark_delay = "45s"
+[[aggregations]]
+name = "distancia"
+window = { kind = "sliding", size = "5m", slide = "1m" }
+plugin = { path = "distance.wasm" }
+[[aggregations]]
+name = "sin_senal"
+window = { kind = "session", gap = "3m" }
+plugin = { path = "session-gap.wasm" }
+[sink]
+kind = "stdout"
+[late]
+path = "late.jsonl"
+[dead_letter]
+path = "dead.jsonl"
+"#;
+        let p = Pipeline::parse(several, Path::new("/j/p.toml")).unwrap();
+        assert_eq!(p.aggregations.len(), 2);
+        assert_eq!(p.aggregations[1].window.kind, WindowKind::Session { gap_ms: 180_000 });
+        let SourceSpec::File { paths, partitioning } = &p.source;
+        assert_eq!(paths.len(), 2);
+        assert_eq!(partitioning.idle_timeout_ms, Some(30_000));
+        let twice = several.replace("name = \"sin_senal\"", "name = \"distancia\"");
+        assert!(Pipeline::parse(&twice, Path::new("p.toml")).unwrap_err().to_string().contains("used twice"));
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration_ms("250ms"), Ok(250));
         assert_eq!(parse_duration_ms("30s"), Ok(30_000));

@@ -43,7 +43,8 @@ impl FileSource {
             let at = resume.and_then(|r| r.partitions.iter().find(|pp| pp.partition == i as u32));
             parts.push(LineReader::open(p, i as u32, at)?);
         }
-        Ok(FileSource { parts, next: 0, ended: Vec::new() })
+        let next = resume.map_or(0, |r| r.next as usize % parts.len().max(1));
+        Ok(FileSource { parts, next, ended: Vec::new() })
     }
 
     /// Records handed out so far, over all partitions (including before a resume).
@@ -87,6 +88,7 @@ impl FileSource {
         SourcePosition {
             kind: "file".into(),
             partitions: self.parts.iter().map(LineReader::position).collect(),
+            next: self.next as u32,
         }
     }
 }

@@ -38,4 +38,7 @@ pub struct PartitionPosition {
 pub struct SourcePosition {
     pub kind: String,
     pub partitions: Vec<PartitionPosition>,
+    /// The partition a round-robin reader takes its next record from.
+    #[serde(default)]
+    pub next: u32,
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// No event seen yet: nothing can be late and nothing fires.
 pub const MIN: i64 = i64::MIN;
 
-/// How often (in records) idleness is re-evaluated.
+/// How often (in records) processing-time idleness is re-evaluated.
 const IDLE_CHECK_EVERY: u64 = 64;
 
 /// One partition's clock.
@@ -121,7 +121,10 @@ impl Watermarks {
             part.idle = false;
             self.recompute();
         }
-        if self.records % IDLE_CHECK_EVERY == 0 {
+        // Record-count idleness is exact (deterministic replays); processing-time
+        // idleness is looked at every few records.
+        let by_records = self.idleness.after_records.is_some() && self.partitions.len() > 1;
+        if by_records || (self.idleness.timeout.is_some() && self.records % IDLE_CHECK_EVERY == 0) {
             self.check_idle();
         }
         self.current

@@ -278,7 +278,10 @@ impl WindowOperator {
                 .window_ends(slot)
                 .filter(|&e| e <= wm && e.saturating_add(self.lateness) > wm)
                 .collect();
-            let fires: Vec<(u32, i64)> = ends.into_iter().map(|e| (k, e)).collect();
+            // Sliding windows are fired by their end; tumbling windows by their slot.
+            let sliding = matches!(self.assigner, Assigner::Sliding { .. });
+            let fires: Vec<(u32, i64)> =
+                ends.into_iter().map(|e| (k, if sliding { e } else { slot.start })).collect();
             self.emit(&fires, out)?;
         } else if self.batch.len() >= self.batch_size {
             self.flush(Some(wm))?;

@@ -66,7 +66,6 @@ pub struct Row {
 /// Rows waiting for the next `add` call, and the reusable buffers of that call.
 pub struct Batch {
     ordered: bool,
-    types: Vec<FieldType>,
     index: FastMap<(u32, i64), u32>,
     /// (key, slot id) of every group, in first-seen order.
     group_list: Vec<(u32, i64)>,
@@ -99,7 +98,6 @@ impl Batch {
             .collect();
         Batch {
             ordered,
-            types: fields.to_vec(),
             index: FastMap::default(),
             group_list: Vec::new(),
             alias: Vec::new(),
@@ -338,51 +336,61 @@ impl Batch {
         call_groups
     }
 
-    /// Keep only the rows `kept` (in arrival order), renumbering their groups.
+    /// Keep only the rows `kept` (in arrival order), renumbering their groups; the
+    /// columns are compacted in place.
     fn restage(&mut self, kept: &[usize], canon: &[u32]) {
-        if kept.is_empty() {
-            self.index.clear();
-            self.key_groups.clear();
-            self.group_list.clear();
-            self.alias.clear();
-            self.row_group.clear();
-            self.row_time.clear();
-            for s in &mut self.staged {
-                match s {
-                    Staged::Int(v) => v.clear(),
-                    Staged::Float(v) => v.clear(),
-                    Staged::Bool(v) => v.clear(),
-                    Staged::Text { bytes, ends } => {
-                        bytes.clear();
-                        ends.clear();
-                    }
-                }
-            }
-            return;
-        }
-        let rows: Vec<Row> = kept
-            .iter()
-            .map(|&r| {
-                let (key, id) = self.group_list[canon[self.row_group[r] as usize] as usize];
-                Row {
-                    key,
-                    id,
-                    time: self.row_time[r],
-                    values: self.staged.iter().map(|s| s.value(r)).collect(),
-                }
-            })
-            .collect();
+        // New group numbers, in first-seen order of the kept rows.
+        let old_groups = std::mem::take(&mut self.group_list);
         self.index.clear();
         self.key_groups.clear();
-        self.group_list.clear();
         self.alias.clear();
-        self.row_group.clear();
-        self.row_time.clear();
-        self.staged = self.types.iter().map(|&t| Staged::new(t)).collect();
-        for row in &rows {
-            self.push(row);
+        let mut renumber = vec![u32::MAX; old_groups.len()];
+        for (dst, &r) in kept.iter().enumerate() {
+            let g = canon[self.row_group[r] as usize] as usize;
+            if renumber[g] == u32::MAX {
+                renumber[g] = self.group_list.len() as u32;
+                let (key, id) = old_groups[g];
+                self.index.insert((key, id), renumber[g]);
+                self.group_list.push((key, id));
+                self.alias.push(NO_ALIAS);
+                *self.key_groups.entry(key).or_insert(0) += 1;
+            }
+            self.row_group[dst] = renumber[g];
+            self.row_time[dst] = self.row_time[r];
+        }
+        self.row_group.truncate(kept.len());
+        self.row_time.truncate(kept.len());
+        for s in &mut self.staged {
+            match s {
+                Staged::Int(v) => compact(v, kept),
+                Staged::Float(v) => compact(v, kept),
+                Staged::Bool(v) => compact(v, kept),
+                Staged::Text { bytes, ends } if kept.is_empty() => {
+                    bytes.clear();
+                    ends.clear();
+                }
+                Staged::Text { bytes, ends } => {
+                    let mut out = Vec::with_capacity(bytes.len());
+                    let mut new_ends = Vec::with_capacity(kept.len());
+                    for &r in kept {
+                        let s = if r == 0 { 0 } else { ends[r - 1] as usize };
+                        out.extend_from_slice(&bytes[s..ends[r] as usize]);
+                        new_ends.push(out.len() as u32);
+                    }
+                    *bytes = out;
+                    *ends = new_ends;
+                }
+            }
         }
     }
+}
+
+/// Keep `v[kept[0]], v[kept[1]], ...` (ascending indices) at the front of `v`.
+fn compact<T: Copy>(v: &mut Vec<T>, kept: &[usize]) {
+    for (dst, &r) in kept.iter().enumerate() {
+        v[dst] = v[r];
+    }
+    v.truncate(kept.len());
 }
 
 pub fn empty_groups(key_arity: u32) -> Groups {

@@ -82,6 +82,17 @@ pub struct Snapshot {
     pub counters: OperatorCounters,
 }
 
+/// An open session of a key. Session timers are lazy: when a session grows, its pending
+/// `Fire` timer stays where it was and, when it comes due, moves to the session's new
+/// end; only a session that has already fired (within its allowed lateness) gets a new
+/// timer when it grows.
+#[derive(Debug, Clone, Copy)]
+struct SessionRef {
+    id: i64,
+    /// A `Fire` timer is pending for this session.
+    armed: bool,
+}
+
 pub struct WindowOperator {
     name: String,
     /// Result keys start with `<name>|` when a pipeline has several aggregations.
@@ -97,8 +108,8 @@ pub struct WindowOperator {
     columns: Vec<(usize, FieldType)>,
     /// Earliest timer: nothing fires before the watermark reaches it.
     next_fire: i64,
-    /// Open session ids per key.
-    sessions: FastMap<u32, Vec<i64>>,
+    /// Open sessions per key.
+    sessions: FastMap<u32, Vec<SessionRef>>,
     next_session: i64,
     fire_groups: Groups,
     counters: OperatorCounters,
@@ -301,64 +312,57 @@ impl WindowOperator {
     ) -> Result<Verdict> {
         let own = self.assigner.slot(t);
         let k = self.keys.intern(key);
-        let mut overlapping: Vec<(Window, i64)> = self
-            .sessions
-            .get(&k)
-            .into_iter()
-            .flatten()
-            .filter_map(|&id| self.state.slot(k, id).map(|s| (s.window, id)))
-            .filter(|(w, _)| w.overlaps(&own))
-            .collect();
-        overlapping.sort();
-        let merged = overlapping.iter().fold(own, |m, (w, _)| m.union(w));
+        // The merged window, the earliest overlapping session and how many overlap.
+        let mut merged = own;
+        let mut first: Option<(Window, usize)> = None;
+        let mut count = 0;
+        let list = self.sessions.get(&k).map_or(&[][..], Vec::as_slice);
+        for (i, r) in list.iter().enumerate() {
+            let Some(w) = self.state.slot(k, r.id).map(|s| s.window) else { continue };
+            if w.overlaps(&own) {
+                count += 1;
+                merged = merged.union(&w);
+                if first.is_none_or(|(f, _)| w < f) {
+                    first = Some((w, i));
+                }
+            }
+        }
         if merged.end.saturating_add(self.lateness) <= wm {
-            if !self.sessions.contains_key(&k) && !self.batch.stages_key(k) {
+            if list.is_empty() && !self.batch.stages_key(k) {
+                self.sessions.remove(&k);
                 self.keys.remove(k);
             }
             return Ok(Verdict::Late { window: merged });
         }
-        let id = match overlapping.first() {
+        let id = match first {
             None => {
                 let id = self.next_session;
                 self.next_session += 1;
                 self.state.open(k, id, own);
-                self.sessions.entry(k).or_default().push(id);
-                self.schedule(k, id, own, wm);
+                let armed = self.schedule(k, id, own, wm);
+                self.sessions.entry(k).or_default().push(SessionRef { id, armed });
                 id
             }
-            Some(&(first, target)) => {
-                if overlapping.len() > 1 && !self.batch.ordered() {
-                    // Bring every staged row into the accumulators before merging them.
-                    self.flush(None)?;
+            Some((first_window, i)) => {
+                let target = list[i];
+                if count > 1 {
+                    self.merge_sessions(k, target.id, &own)?;
                 }
-                let mut acc = self.state.acc(k, target).to_vec();
-                for &(w, other) in &overlapping[1..] {
-                    self.batch.relabel(k, other, target);
-                    let theirs = self.state.acc(k, other).to_vec();
-                    acc = match (acc.is_empty(), theirs.is_empty()) {
-                        (_, true) => acc,
-                        (true, false) => theirs,
-                        (false, false) => {
-                            let m = self.plugin.merge(
-                                &packed_of([&acc[..]].into_iter()),
-                                &packed_of([&theirs[..]].into_iter()),
-                            )?;
-                            packed_item(&m, 0).to_vec()
-                        }
-                    };
-                    self.unschedule(k, other, w);
-                    self.state.remove(k, other);
-                    if let Some(ids) = self.sessions.get_mut(&k) {
-                        ids.retain(|&i| i != other);
+                if merged != first_window {
+                    self.state.set_window(k, target.id, merged);
+                    if !target.armed && merged.end > wm {
+                        // It fired already; fire again when the grown session closes.
+                        self.state.add_timer(Timer {
+                            time: merged.end,
+                            kind: TimerKind::Fire,
+                            key: k,
+                            id: target.id,
+                        });
+                        self.next_fire = self.next_fire.min(merged.end);
+                        self.set_armed(k, target.id, true);
                     }
                 }
-                self.state.set_acc(k, target, &acc);
-                if merged != first {
-                    self.unschedule(k, target, first);
-                    self.state.set_window(k, target, merged);
-                    self.schedule(k, target, merged, wm);
-                }
-                target
+                target.id
             }
         };
         self.batch.push_row(k, id, t);
@@ -374,26 +378,69 @@ impl WindowOperator {
         Ok(Verdict::Accepted)
     }
 
+    /// Fold every other session of `key` that overlaps `own` into `target` (the earliest),
+    /// merging accumulators earliest first; their stale timers are ignored when due.
+    fn merge_sessions(&mut self, key: u32, target: i64, own: &Window) -> Result<()> {
+        if !self.batch.ordered() {
+            // Bring every staged row into the accumulators before merging them.
+            self.flush(None)?;
+        }
+        let mut others: Vec<(Window, i64)> = self
+            .sessions
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter(|r| r.id != target)
+            .filter_map(|r| self.state.slot(key, r.id).map(|s| (s.window, r.id)))
+            .filter(|(w, _)| w.overlaps(own))
+            .collect();
+        others.sort();
+        let mut acc = self.state.acc(key, target).to_vec();
+        for (_, other) in others {
+            self.batch.relabel(key, other, target);
+            let theirs = self.state.acc(key, other).to_vec();
+            acc = match (acc.is_empty(), theirs.is_empty()) {
+                (_, true) => acc,
+                (true, false) => theirs,
+                (false, false) => {
+                    let m = self
+                        .plugin
+                        .merge(&packed_of([&acc[..]].into_iter()), &packed_of([&theirs[..]].into_iter()))?;
+                    packed_item(&m, 0).to_vec()
+                }
+            };
+            self.state.remove(key, other);
+            if let Some(list) = self.sessions.get_mut(&key) {
+                list.retain(|r| r.id != other);
+            }
+        }
+        self.state.set_acc(key, target, &acc);
+        Ok(())
+    }
+
+    fn set_armed(&mut self, key: u32, id: i64, armed: bool) {
+        if let Some(r) = self.sessions.get_mut(&key).and_then(|l| l.iter_mut().find(|r| r.id == id)) {
+            r.armed = armed;
+        }
+    }
+
     /// Timers of a new (or grown) slot: fire at the end of every window it feeds that
     /// has not fired yet, clean up after the last one's allowed lateness.
-    fn schedule(&mut self, key: u32, id: i64, slot: Window, wm: i64) {
+    /// Returns whether a `Fire` timer was set.
+    fn schedule(&mut self, key: u32, id: i64, slot: Window, wm: i64) -> bool {
         let sliding = matches!(self.assigner, Assigner::Sliding { .. });
+        let mut armed = false;
         for end in self.assigner.window_ends(slot).filter(|&e| e > wm) {
             // Sliding windows are identified by their end; the others by their slot.
             let fire_id = if sliding { end } else { id };
             self.state.add_timer(Timer { time: end, kind: TimerKind::Fire, key, id: fire_id });
             self.next_fire = self.next_fire.min(end);
+            armed = true;
         }
         let cleanup = self.assigner.last_end(slot).saturating_add(self.lateness);
         self.state.add_timer(Timer { time: cleanup, kind: TimerKind::Cleanup, key, id });
         self.next_fire = self.next_fire.min(cleanup);
-    }
-
-    /// Drop the timers of a session's old bounds.
-    fn unschedule(&mut self, key: u32, id: i64, slot: Window) {
-        self.state.remove_timer(&Timer { time: slot.end, kind: TimerKind::Fire, key, id });
-        let cleanup = slot.end.saturating_add(self.lateness);
-        self.state.remove_timer(&Timer { time: cleanup, kind: TimerKind::Cleanup, key, id });
+        armed
     }
 
     /// Hand staged rows to the plugin: all of them, or for ordered plugins those whose
@@ -429,10 +476,31 @@ impl WindowOperator {
     }
 
     fn run_timers(&mut self, wm: i64, out: &mut Vec<Emitted>) -> Result<()> {
+        if self.state.next_timer().is_none_or(|t| t > wm) {
+            // Only stale timers were due (sessions that grew): nothing to do.
+            self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
+            return Ok(());
+        }
         self.flush(Some(wm))?;
+        let sessions = matches!(self.assigner, Assigner::Session { .. });
         let mut fires = Vec::new();
         let mut cleanups = Vec::new();
         while let Some(t) = self.state.pop_due(wm) {
+            if sessions {
+                // A timer of a merged-away session, or of a session that has grown since.
+                let Some(slot) = self.state.slot(t.key, t.id) else { continue };
+                let due = match t.kind {
+                    TimerKind::Fire => slot.window.end,
+                    TimerKind::Cleanup => slot.window.end.saturating_add(self.lateness),
+                };
+                if due > t.time {
+                    self.state.add_timer(Timer { time: due, ..t });
+                    continue;
+                }
+                if t.kind == TimerKind::Fire {
+                    self.set_armed(t.key, t.id, false);
+                }
+            }
             match t.kind {
                 TimerKind::Fire => fires.push((t.key, t.id)),
                 TimerKind::Cleanup => cleanups.push((t.key, t.id)),
@@ -441,9 +509,9 @@ impl WindowOperator {
         self.emit(&fires, out)?;
         for (key, id) in cleanups {
             if let Some((_, last)) = self.state.remove(key, id) {
-                if let Some(ids) = self.sessions.get_mut(&key) {
-                    ids.retain(|&i| i != id);
-                    if ids.is_empty() {
+                if let Some(list) = self.sessions.get_mut(&key) {
+                    list.retain(|r| r.id != id);
+                    if list.is_empty() {
                         self.sessions.remove(&key);
                     }
                 }
@@ -589,9 +657,9 @@ impl WindowOperator {
             let k = intern(&mut self.keys, &s.key);
             self.state.open(k, s.id, s.window);
             self.state.set_acc(k, s.id, &s.acc);
-            self.schedule(k, s.id, s.window, wm);
+            let armed = self.schedule(k, s.id, s.window, wm);
             if matches!(self.assigner, Assigner::Session { .. }) {
-                self.sessions.entry(k).or_default().push(s.id);
+                self.sessions.entry(k).or_default().push(SessionRef { id: s.id, armed });
                 self.next_session = self.next_session.max(s.id + 1);
             }
         }

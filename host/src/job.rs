@@ -6,8 +6,9 @@
 //! Every aggregation of a pipeline reads the same decoded event: one parse serves all.
 
 use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile};
+use crate::checkpoint::store::{self, LocalStore, SnapshotStore};
 use crate::checkpoint::{OperatorMeta, Savepoint, SavepointMeta};
-use crate::pipeline::{Pipeline, SinkSpec, SourceSpec};
+use crate::pipeline::{CheckpointSpec, Pipeline, SinkSpec, SourceSpec};
 use crate::plugin::{Plugin, PluginIdentity, PluginRuntime};
 use crate::sink::JsonlSink;
 use crate::source::file::FileSource;
@@ -15,7 +16,7 @@ use crate::source::json::{short_eq, Projection, Scalar};
 use crate::source::Position;
 use crate::state::{push_key_field, valid_key};
 use crate::time::{Idleness, Watermarks};
-use crate::window::operator::{Emitted, OperatorCounters, Verdict, WindowOperator};
+use crate::window::operator::{Emitted, OperatorCounters, Snapshot, Verdict, WindowOperator};
 use crate::window::Window;
 use crate::{metrics, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,10 @@ pub struct RunOptions {
     pub savepoint_dir: Option<PathBuf>,
     /// Resume from this savepoint.
     pub from_savepoint: Option<PathBuf>,
+    /// Read the input as it grows (overrides `source.follow`).
+    pub follow: Option<bool>,
+    /// Start fresh even if the pipeline's checkpoint folder holds checkpoints.
+    pub no_recover: bool,
 }
 
 /// One aggregation at the end of a run.
@@ -94,6 +99,16 @@ pub struct Summary {
     pub elapsed: Duration,
     /// CPU time of the processing thread during the loop.
     pub cpu: Duration,
+    /// The checkpoint this run recovered from.
+    pub recovered_from: Option<String>,
+    /// Time to read and load the savepoint or checkpoint it started from.
+    pub restore_time: Duration,
+    /// Checkpoints taken by this run, and how long processing stopped for them.
+    pub checkpoints: u64,
+    pub checkpoint_pause_max: Duration,
+    pub checkpoint_pause_total: Duration,
+    /// How long processing stopped to write the final savepoint.
+    pub savepoint_pause: Duration,
 }
 
 /// How the job's plugins relate to the state it starts from.
@@ -107,8 +122,26 @@ enum Upgrade {
 /// Run a pipeline (fresh, or resumed from `opts.from_savepoint`).
 pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<Summary> {
     let plugins = load_plugins(pipeline, runtime, None)?;
-    let restore = opts.from_savepoint.as_deref().map(savepoint::read).transpose()?;
-    start(pipeline, opts, plugins, restore, Upgrade::Resume)
+    let t0 = Instant::now();
+    let restore = match (&opts.from_savepoint, &pipeline.checkpoints) {
+        (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
+        (None, Some(c)) if !opts.no_recover => {
+            let store = LocalStore::open(&c.dir)?;
+            store::latest_valid(&store)?.map(|(n, savepoint)| {
+                tracing::info!(checkpoint = n, "recovering from the latest checkpoint");
+                Restore { savepoint, checkpoint: Some(n) }
+            })
+        }
+        _ => None,
+    };
+    start(pipeline, opts, plugins, restore, Upgrade::Resume, t0)
+}
+
+/// What a run starts from.
+struct Restore {
+    savepoint: Savepoint,
+    /// The checkpoint number, when recovering from a checkpoint.
+    checkpoint: Option<u64>,
 }
 
 /// Resume from a savepoint with a new plugin version, migrating its state. Refused (the
@@ -132,7 +165,8 @@ pub fn deploy(
         )));
     }
     let plugins = load_plugins(pipeline, runtime, Some((plugin_path, &name, &restore)))?;
-    start(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name))
+    let restore = Restore { savepoint: restore, checkpoint: None };
+    start(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now())
 }
 
 /// The plugin of every aggregation; with `deploy`, the new component replaces the
@@ -171,21 +205,34 @@ fn start(
     pipeline: &Pipeline,
     opts: &RunOptions,
     plugins: Vec<Plugin>,
-    restore: Option<Savepoint>,
+    restore: Option<Restore>,
     upgrade: Upgrade,
+    restore_started: Instant,
 ) -> Result<Summary> {
     let mut job = Job::new(pipeline, plugins)?;
-    let (paths, partitioning) = match &pipeline.source {
-        SourceSpec::File { paths, partitioning } => match &opts.input {
-            Some(p) => (vec![p.clone()], partitioning.clone()),
-            None => (paths.clone(), partitioning.clone()),
+    let (paths, partitioning, follow) = match &pipeline.source {
+        SourceSpec::File { paths, partitioning, follow } => match &opts.input {
+            Some(p) => (vec![p.clone()], partitioning.clone(), *follow),
+            None => (paths.clone(), partitioning.clone(), *follow),
         },
     };
+    let follow = opts.follow.unwrap_or(follow);
+    let recovered_from = restore.as_ref().and_then(|r| r.checkpoint).map(|n| format!("chk-{n:06}"));
+    let restore = restore.map(|r| r.savepoint);
     let mut migrated = Vec::new();
     if let Some(sp) = &restore {
         migrated = job.restore(pipeline, sp, &upgrade)?;
     }
-    let mut source = FileSource::open(&paths, restore.as_ref().map(|sp| &sp.meta.source))?;
+    let restore_time = if restore.is_some() { restore_started.elapsed() } else { Duration::ZERO };
+    let mut source = FileSource::open_with(&paths, follow, restore.as_ref().map(|sp| &sp.meta.source))?;
+    let mut checkpoints = match &pipeline.checkpoints {
+        Some(spec) => {
+            let store = LocalStore::open(&spec.dir)?;
+            let next = store.list()?.last().map_or(1, |n| n + 1);
+            Some(Checkpointer { spec: spec.clone(), store, next, last: Instant::now(), records_at_last: 0 })
+        }
+        None => None,
+    };
     if partitioning.field.is_none() && restore.is_none() {
         for p in 0..source.partitions() {
             job.watermarks.partition(&source.partition_name(p as u32));
@@ -210,23 +257,45 @@ fn start(
     let cpu0 = metrics::thread_cpu_time();
     let t0 = Instant::now();
     let mut stopped = stop_after == Some(0);
-    if !stopped {
-        while let Some((record, pos)) = source.next_record()? {
-            job.on_record(record, pos)?;
-            for p in source.take_ended() {
-                job.partition_ended(p)?;
+    let mut stats = CheckpointStats::default();
+    let mut idle_loops = 0u32;
+    while !stopped {
+        match source.next_record()? {
+            Some((record, pos)) => {
+                job.on_record(record, pos)?;
+                for p in source.take_ended() {
+                    job.partition_ended(p)?;
+                }
+                let read = source.records();
+                if stop_after.is_some_and(|n| read - read_before >= n) {
+                    stopped = true;
+                } else if let Some(c) = checkpoints.as_mut().filter(|c| c.due(read)) {
+                    stats.add(c.take(&mut job, pipeline, &source)?);
+                }
             }
-            if stop_after.is_some_and(|n| source.records() - read_before >= n) {
-                stopped = true;
-                break;
+            None if follow => {
+                // Nothing new: checkpoint if due, then wait for the files to grow.
+                if let Some(c) = checkpoints.as_mut().filter(|c| c.due_by_time()) {
+                    stats.add(c.take(&mut job, pipeline, &source)?);
+                }
+                idle_loops = idle_loops.saturating_add(1);
+                std::thread::sleep(Duration::from_millis(if idle_loops < 10 { 1 } else { 20 }));
+                continue;
             }
+            None => break,
         }
+        idle_loops = 0;
     }
     let mut savepoint_path = None;
+    let mut savepoint_pause = Duration::ZERO;
     if stopped {
         let dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
         let path = dir.join(format!("savepoint-{:012}", source.records()));
-        job.write_savepoint(pipeline, &path, &source)?;
+        let t = Instant::now();
+        let (meta, snapshots) = job.snapshot(pipeline, &source)?;
+        savepoint::write(&path, meta, &snapshots)?;
+        savepoint_pause = t.elapsed();
+        tracing::info!(path = %path.display(), "savepoint written");
         savepoint_path = Some(path);
     } else {
         // End of a bounded input: every open window fires.
@@ -262,7 +331,67 @@ fn start(
         records_this_run: source.records() - read_before,
         elapsed,
         cpu,
+        recovered_from,
+        restore_time,
+        checkpoints: stats.count,
+        checkpoint_pause_max: stats.max,
+        checkpoint_pause_total: stats.total,
+        savepoint_pause,
     })
+}
+
+/// Pauses of the checkpoints of a run.
+#[derive(Default)]
+struct CheckpointStats {
+    count: u64,
+    max: Duration,
+    total: Duration,
+}
+
+impl CheckpointStats {
+    fn add(&mut self, pause: Duration) {
+        self.count += 1;
+        self.max = self.max.max(pause);
+        self.total += pause;
+    }
+}
+
+/// Takes periodic checkpoints into a store.
+struct Checkpointer {
+    spec: CheckpointSpec,
+    store: LocalStore,
+    next: u64,
+    last: Instant,
+    records_at_last: u64,
+}
+
+impl Checkpointer {
+    /// Checked after every record: by record count exactly, by time every 1024 records.
+    #[inline]
+    fn due(&self, records: u64) -> bool {
+        if self.spec.every_records.is_some_and(|n| records - self.records_at_last >= n) {
+            return true;
+        }
+        records % 1024 == 0 && self.due_by_time()
+    }
+
+    fn due_by_time(&self) -> bool {
+        self.last.elapsed() >= Duration::from_millis(self.spec.interval_ms as u64)
+    }
+
+    /// Take a checkpoint; returns how long processing stopped for it.
+    fn take(&mut self, job: &mut Job, pipeline: &Pipeline, source: &FileSource) -> Result<Duration> {
+        let t = Instant::now();
+        let (meta, snapshots) = job.snapshot(pipeline, source)?;
+        let name = self.store.write(self.next, meta, &snapshots)?;
+        store::prune(&self.store, self.spec.retain)?;
+        let pause = t.elapsed();
+        tracing::debug!(checkpoint = %name, pause_ms = pause.as_millis() as u64, "checkpoint complete");
+        self.next += 1;
+        self.last = Instant::now();
+        self.records_at_last = source.records();
+        Ok(pause)
+    }
 }
 
 /// Turns a record into an event: projection, filter, partition, event time, key.
@@ -735,7 +864,14 @@ impl Job {
         Ok(migrated)
     }
 
-    fn write_savepoint(&mut self, pipeline: &Pipeline, path: &Path, source: &FileSource) -> Result<()> {
+    /// A consistent snapshot of the job at this point of the input: every operator's
+    /// state, the source position, the watermarks, the counters, and the sinks flushed
+    /// and synced to the length they have now.
+    fn snapshot(
+        &mut self,
+        pipeline: &Pipeline,
+        source: &FileSource,
+    ) -> Result<(SavepointMeta, Vec<Snapshot>)> {
         let mut snapshots = Vec::new();
         for op in &mut self.ops {
             snapshots.push(op.snapshot()?);
@@ -773,8 +909,6 @@ impl Job {
             sinks,
             state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
         };
-        savepoint::write(path, meta, &snapshots)?;
-        tracing::info!(path = %path.display(), "savepoint written");
-        Ok(())
+        Ok((meta, snapshots))
     }
 }

@@ -28,6 +28,12 @@ struct RunArgs {
     /// Folder for new savepoints (default: the pipeline's `savepoints.dir`).
     #[arg(long, value_name = "DIR")]
     savepoint_dir: Option<PathBuf>,
+    /// Keep reading the input files as they grow (an unbounded source).
+    #[arg(long)]
+    follow: bool,
+    /// Do not recover from the pipeline's checkpoints: start from the beginning.
+    #[arg(long)]
+    no_recover: bool,
 }
 
 #[derive(Subcommand)]
@@ -134,6 +140,8 @@ fn options(args: RunArgs, from_savepoint: Option<PathBuf>) -> RunOptions {
         stop_with_savepoint_after: args.stop_with_savepoint_after,
         savepoint_dir: args.savepoint_dir,
         from_savepoint,
+        follow: args.follow.then_some(true),
+        no_recover: args.no_recover,
     }
 }
 
@@ -240,6 +248,17 @@ fn print_summary(s: &Summary) {
             s.elapsed.as_secs_f64(),
             secs,
             s.records_this_run as f64 / secs
+        );
+    }
+    if let Some(c) = &s.recovered_from {
+        eprintln!("km0: recovered from checkpoint {c} in {:.1} ms", s.restore_time.as_secs_f64() * 1e3);
+    }
+    if s.checkpoints > 0 {
+        eprintln!(
+            "km0: {} checkpoints, processing paused {:.1} ms at most, {:.1} ms on average",
+            s.checkpoints,
+            s.checkpoint_pause_max.as_secs_f64() * 1e3,
+            s.checkpoint_pause_total.as_secs_f64() * 1e3 / s.checkpoints as f64
         );
     }
     if let Some(sp) = &s.savepoint {

@@ -24,12 +24,26 @@ pub struct Pipeline {
     pub late: PathBuf,
     pub dead_letter: PathBuf,
     pub savepoints: PathBuf,
+    /// Periodic checkpoints, when configured.
+    pub checkpoints: Option<CheckpointSpec>,
+}
+
+/// `[checkpoints]`: consistent snapshots taken while the job runs, for recovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointSpec {
+    pub dir: PathBuf,
+    /// Processing time between two checkpoints.
+    pub interval_ms: i64,
+    /// ... or this many records, whichever comes first.
+    pub every_records: Option<u64>,
+    /// Completed checkpoints kept (older ones are deleted).
+    pub retain: usize,
 }
 
 #[derive(Debug, Clone)]
 pub enum SourceSpec {
     /// JSON lines from files (`-` is standard input); each file is a partition.
-    File { paths: Vec<PathBuf>, partitioning: Partitioning },
+    File { paths: Vec<PathBuf>, partitioning: Partitioning, follow: bool },
 }
 
 /// How records map to partitions, each with its own watermark.
@@ -122,6 +136,20 @@ struct RawPipeline {
     dead_letter: RawPath,
     #[serde(default)]
     savepoints: Option<RawDir>,
+    #[serde(default)]
+    checkpoints: Option<RawCheckpoints>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCheckpoints {
+    dir: String,
+    #[serde(deserialize_with = "duration_ms")]
+    interval: i64,
+    #[serde(default)]
+    every_records: Option<u64>,
+    #[serde(default)]
+    retain: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -138,6 +166,9 @@ enum RawSource {
         idle_timeout: Option<i64>,
         #[serde(default)]
         idle_after_records: Option<u64>,
+        /// Keep reading as the files grow (an unbounded source), like `tail -f`.
+        #[serde(default)]
+        follow: bool,
     },
 }
 
@@ -356,7 +387,7 @@ impl Pipeline {
                 )),
             };
         let source = match raw.source {
-            RawSource::File { path, paths, partition_field, idle_timeout, idle_after_records } => {
+            RawSource::File { path, paths, partition_field, idle_timeout, idle_after_records, follow } => {
                 let mut all: Vec<PathBuf> = path.iter().map(|p| resolve(p)).collect();
                 all.extend(paths.iter().map(|p| resolve(p)));
                 if all.is_empty() {
@@ -370,7 +401,7 @@ impl Pipeline {
                     idle_timeout_ms: idle_timeout,
                     idle_after_records,
                 };
-                SourceSpec::File { paths: all, partitioning }
+                SourceSpec::File { paths: all, partitioning, follow }
             }
         };
         let sink = match raw.sink {
@@ -378,6 +409,19 @@ impl Pipeline {
             RawSink::Stdout => SinkSpec::Stdout,
         };
         let savepoints = raw.savepoints.map(|d| resolve(&d.dir)).unwrap_or_else(|| base.join("savepoints"));
+        let checkpoints = match raw.checkpoints {
+            None => None,
+            Some(c) if c.interval <= 0 => return Err(err("`checkpoints.interval` must be positive".into())),
+            Some(c) if c.retain == Some(0) => {
+                return Err(err("`checkpoints.retain` must be at least 1".into()))
+            }
+            Some(c) => Some(CheckpointSpec {
+                dir: resolve(&c.dir),
+                interval_ms: c.interval,
+                every_records: c.every_records.filter(|&n| n > 0),
+                retain: c.retain.unwrap_or(3),
+            }),
+        };
 
         Ok(Pipeline {
             file: path.to_path_buf(),
@@ -394,6 +438,7 @@ impl Pipeline {
             late: resolve(&raw.late.path),
             dead_letter: resolve(&raw.dead_letter.path),
             savepoints,
+            checkpoints,
         })
     }
 
@@ -524,7 +569,7 @@ path = "dead.jsonl"
         let p = Pipeline::parse(several, Path::new("/j/p.toml")).unwrap();
         assert_eq!(p.aggregations.len(), 2);
         assert_eq!(p.aggregations[1].window.kind, WindowKind::Session { gap_ms: 180_000 });
-        let SourceSpec::File { paths, partitioning } = &p.source;
+        let SourceSpec::File { paths, partitioning, .. } = &p.source;
         assert_eq!(paths.len(), 2);
         assert_eq!(partitioning.idle_timeout_ms, Some(30_000));
         let twice = several.replace("name = \"sin_senal\"", "name = \"distancia\"");

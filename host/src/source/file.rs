@@ -29,6 +29,12 @@ impl FileSource {
     /// Open `paths` as partitions 0..n, resuming each at its saved position (matched by
     /// partition number).
     pub fn open(paths: &[PathBuf], resume: Option<&SourcePosition>) -> Result<FileSource> {
+        Self::open_with(paths, false, resume)
+    }
+
+    /// As [`FileSource::open`]; with `follow`, the files are read as they grow and never
+    /// end (an unbounded source).
+    pub fn open_with(paths: &[PathBuf], follow: bool, resume: Option<&SourcePosition>) -> Result<FileSource> {
         if let Some(r) = resume {
             if r.partitions.len() != paths.len() {
                 return Err(Error::Usage(format!(
@@ -41,7 +47,7 @@ impl FileSource {
         let mut parts = Vec::with_capacity(paths.len());
         for (i, p) in paths.iter().enumerate() {
             let at = resume.and_then(|r| r.partitions.iter().find(|pp| pp.partition == i as u32));
-            parts.push(LineReader::open(p, i as u32, at)?);
+            parts.push(LineReader::open(p, i as u32, follow, at)?);
         }
         let next = resume.map_or(0, |r| r.next as usize % parts.len().max(1));
         Ok(FileSource { parts, next, ended: Vec::new() })
@@ -79,7 +85,9 @@ impl FileSource {
                 let part = &self.parts[p];
                 return Ok(Some((&part.buf[part.rec.0..part.rec.1], part.rec_pos)));
             }
-            self.ended.push(p as u32);
+            if self.parts[p].done {
+                self.ended.push(p as u32);
+            }
         }
         Ok(None)
     }
@@ -97,6 +105,8 @@ impl FileSource {
 struct LineReader {
     path: PathBuf,
     partition: u32,
+    /// Keep reading past the end as the file grows.
+    follow: bool,
     done: bool,
     /// The current record's range in `buf` and position.
     rec: (usize, usize),
@@ -114,7 +124,12 @@ struct LineReader {
 
 impl LineReader {
     /// Open `path` (`-` for standard input), optionally resuming at `resume`.
-    fn open(path: &Path, partition: u32, resume: Option<&PartitionPosition>) -> Result<LineReader> {
+    fn open(
+        path: &Path,
+        partition: u32,
+        follow: bool,
+        resume: Option<&PartitionPosition>,
+    ) -> Result<LineReader> {
         let input: Box<dyn Read> = if path == Path::new("-") {
             if resume.is_some_and(|r| r.offset > 0) {
                 return Err(Error::Usage(
@@ -140,6 +155,7 @@ impl LineReader {
         Ok(LineReader {
             path: path.to_path_buf(),
             partition,
+            follow,
             done: false,
             rec: (0, 0),
             rec_pos: Position { partition, line: 0, offset: 0 },
@@ -163,7 +179,7 @@ impl LineReader {
                 Ok(true)
             }
             None => {
-                self.done = true;
+                self.done = !self.follow;
                 Ok(false)
             }
         }
@@ -187,6 +203,12 @@ impl LineReader {
                 break (s, e, pos);
             }
             if self.eof {
+                if self.follow {
+                    // The file may grow: try again later; a last line without its
+                    // newline is not complete yet.
+                    self.eof = false;
+                    return Ok(None);
+                }
                 if self.start == self.end {
                     return Ok(None);
                 }
@@ -306,6 +328,23 @@ mod tests {
         assert_eq!(seen, want.map(|(s, p)| (s.to_string(), p)));
         assert_eq!(ended, vec![1, 0]);
         assert_eq!(src.records(), 4);
+    }
+
+    #[test]
+    fn a_followed_file_is_read_as_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.jsonl");
+        std::fs::write(&path, "a\nb").unwrap();
+        let mut src = FileSource::open_with(std::slice::from_ref(&path), true, None).unwrap();
+        assert_eq!(src.next_record().unwrap().map(|(r, _)| r.to_vec()), Some(b"a".to_vec()));
+        // "b" has no newline yet: not a complete record.
+        assert!(src.next_record().unwrap().is_none());
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"c\nd\n").unwrap();
+        assert_eq!(src.next_record().unwrap().map(|(r, _)| r.to_vec()), Some(b"bc".to_vec()));
+        assert_eq!(src.next_record().unwrap().map(|(r, _)| r.to_vec()), Some(b"d".to_vec()));
+        assert!(src.next_record().unwrap().is_none());
+        assert!(src.take_ended().is_empty());
+        assert_eq!(src.position().partitions[0].offset, 7);
     }
 
     #[test]

@@ -1,0 +1,94 @@
+//! Where checkpoints live: numbered snapshots (`chk-000001`, ...) in the savepoint
+//! format, behind a small interface so that an object store (S3-compatible) can take the
+//! local folder's place without touching the operators. A snapshot is complete or absent
+//! (written aside and renamed), verified when read; the newest valid one is what a
+//! restart recovers from, and a corrupt one is skipped with a warning.
+
+use super::savepoint::{self, Savepoint, SavepointMeta};
+use crate::window::operator::Snapshot;
+use crate::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// Storage of numbered snapshots.
+pub trait SnapshotStore {
+    /// Write snapshot `n` atomically.
+    fn write(&self, n: u64, meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<String>;
+    /// Numbers of the snapshots present, ascending (complete or not: `read` verifies).
+    fn list(&self) -> Result<Vec<u64>>;
+    /// Read and verify snapshot `n`.
+    fn read(&self, n: u64) -> Result<Savepoint>;
+    fn remove(&self, n: u64) -> Result<()>;
+}
+
+/// Snapshots as folders in a local directory.
+pub struct LocalStore {
+    dir: PathBuf,
+}
+
+impl LocalStore {
+    /// Open (and create) the folder; leftovers of interrupted writes are removed.
+    pub fn open(dir: &Path) -> Result<LocalStore> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create checkpoint folder", dir, e))?;
+        let entries = std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".chk-") && name.contains(".tmp-") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        Ok(LocalStore { dir: dir.to_path_buf() })
+    }
+
+    fn path(&self, n: u64) -> PathBuf {
+        self.dir.join(format!("chk-{n:06}"))
+    }
+}
+
+impl SnapshotStore for LocalStore {
+    fn write(&self, n: u64, meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<String> {
+        let path = self.path(n);
+        savepoint::write(&path, meta, snapshots)?;
+        Ok(path.display().to_string())
+    }
+
+    fn list(&self) -> Result<Vec<u64>> {
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| Error::io("list", &self.dir, e))?;
+        let mut out: Vec<u64> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    fn read(&self, n: u64) -> Result<Savepoint> {
+        savepoint::read(&self.path(n))
+    }
+
+    fn remove(&self, n: u64) -> Result<()> {
+        let p = self.path(n);
+        std::fs::remove_dir_all(&p).map_err(|e| Error::io("remove checkpoint", p, e))
+    }
+}
+
+/// The newest snapshot that reads back intact; corrupt ones are skipped with a warning.
+pub fn latest_valid(store: &dyn SnapshotStore) -> Result<Option<(u64, Savepoint)>> {
+    for n in store.list()?.into_iter().rev() {
+        match store.read(n) {
+            Ok(sp) => return Ok(Some((n, sp))),
+            Err(e) => {
+                tracing::warn!(checkpoint = n, error = %e, "skipping a checkpoint that does not read back")
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Delete all but the newest `retain` snapshots.
+pub fn prune(store: &dyn SnapshotStore, retain: usize) -> Result<()> {
+    let all = store.list()?;
+    for &n in all.iter().take(all.len().saturating_sub(retain)) {
+        store.remove(n)?;
+    }
+    Ok(())
+}

@@ -250,6 +250,9 @@ fn print_summary(s: &Summary) {
             s.records_this_run as f64 / secs
         );
     }
+    if s.recovered_from.is_none() && s.restore_time > std::time::Duration::ZERO {
+        eprintln!("km0: restored from the savepoint in {:.1} ms", s.restore_time.as_secs_f64() * 1e3);
+    }
     if let Some(c) = &s.recovered_from {
         eprintln!("km0: recovered from checkpoint {c} in {:.1} ms", s.restore_time.as_secs_f64() * 1e3);
     }
@@ -262,7 +265,12 @@ fn print_summary(s: &Summary) {
         );
     }
     if let Some(sp) = &s.savepoint {
-        eprintln!("km0: stopped with savepoint {} ({} open windows)", sp.display(), s.open_windows);
+        eprintln!(
+            "km0: stopped with savepoint {} ({} open windows, written in {:.1} ms)",
+            sp.display(),
+            s.open_windows,
+            s.savepoint_pause.as_secs_f64() * 1e3
+        );
         println!("{}", sp.display());
     }
 }

@@ -1,0 +1,211 @@
+//! Crash recovery with the real `km0` binary: a followed input grows while the job is
+//! killed with SIGKILL at random points and restarted; checkpoints bring it back, and the
+//! final output is byte-identical to one uninterrupted run (no window lost, nothing
+//! counted twice: the alerts' counts would differ). And a corrupt newest checkpoint is
+//! detected and the previous one used.
+
+use km0::generate::{stock_stream, StockStream};
+use km0::job::{self, RunOptions};
+use km0::pipeline::Pipeline;
+use km0::plugin::PluginRuntime;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn plugin() -> PathBuf {
+    let p = repo().join("plugins/dist/min-stock.wasm");
+    assert!(p.exists(), "build the plugins first (scripts/build-plugins.sh)");
+    p
+}
+
+/// A stock-alert pipeline over `input` writing under `out/`, with checkpoints.
+fn pipeline(dir: &Path, input: &Path, out: &str, checkpoints: &str) -> PathBuf {
+    let text = format!(
+        r#"
+name = "stock-alert"
+key = ["producto", "mercado"]
+[source]
+kind = "file"
+path = {input:?}
+[filter]
+tipo = "stock.actualizado"
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = {plugin:?}
+[plugin.config]
+threshold = 10
+[sink]
+kind = "file"
+path = "{out}/alertas.jsonl"
+[late]
+path = "{out}/late.jsonl"
+[dead_letter]
+path = "{out}/dead.jsonl"
+{checkpoints}
+"#,
+        input = input.display().to_string(),
+        plugin = plugin().display().to_string(),
+    );
+    let path = dir.join(format!("{out}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn outputs(dir: &Path, out: &str) -> Vec<String> {
+    ["alertas.jsonl", "late.jsonl", "dead.jsonl"]
+        .iter()
+        .map(|f| std::fs::read_to_string(dir.join(out).join(f)).unwrap_or_default())
+        .collect()
+}
+
+/// Small deterministic generator for kill delays.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, lo: u64, hi: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        lo + (self.0 >> 33) % (hi - lo)
+    }
+}
+
+#[test]
+fn sigkill_at_random_points_then_recovery_gives_the_uninterrupted_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = dir.path().join("all.jsonl");
+    let spec = StockStream {
+        events: 150_000,
+        seed: 11,
+        late_fraction: 0.004,
+        bad_fraction: 0.001,
+        ..Default::default()
+    };
+    stock_stream(&spec, &mut std::fs::File::create(&all).unwrap()).unwrap();
+    let lines: Vec<String> =
+        std::io::BufReader::new(std::fs::File::open(&all).unwrap()).lines().map(|l| l.unwrap()).collect();
+
+    // The producer appends the stream to the live file over about four seconds.
+    let live = dir.path().join("live.jsonl");
+    std::fs::File::create(&live).unwrap();
+    let producer = {
+        let live = live.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new().append(true).open(&live).unwrap();
+            for chunk in lines.chunks(1_000) {
+                let mut buf = String::new();
+                for l in chunk {
+                    buf.push_str(l);
+                    buf.push('\n');
+                }
+                f.write_all(buf.as_bytes()).unwrap();
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        })
+    };
+
+    let checkpoints = "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3";
+    let job = pipeline(dir.path(), &live, "out", checkpoints);
+    let mut rng = Lcg(20261129);
+    let mut kills = 0;
+    let started = Instant::now();
+    let chk_numbers = || -> Vec<u64> {
+        let Ok(d) = std::fs::read_dir(dir.path().join("chk")) else { return Vec::new() };
+        d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse().ok()).collect()
+    };
+    while kills < 12 {
+        let before = chk_numbers().into_iter().max().unwrap_or(0);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_km0"))
+            .args(["run", "--follow"])
+            .arg(&job)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kill it while it processes: after it has completed a checkpoint of its own,
+        // at a random point up to 150 ms later.
+        while chk_numbers().into_iter().max().unwrap_or(0) <= before {
+            assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint from run {kills}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(rng.next(0, 150)));
+        assert!(child.try_wait().unwrap().is_none(), "a followed run keeps running until killed");
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        kills += 1;
+    }
+    producer.join().unwrap();
+    let checkpoints_left = std::fs::read_dir(dir.path().join("chk")).unwrap().count();
+    assert!(checkpoints_left >= 1, "the killed runs left checkpoints");
+
+    // The input is complete now: one last run recovers and reads it to the end.
+    let out = Command::new(env!("CARGO_BIN_EXE_km0")).arg("run").arg(&job).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("recovered from checkpoint chk-"), "{err}");
+
+    // One uninterrupted run over the same (complete) input.
+    let reference = pipeline(dir.path(), &live, "ref", "");
+    let p = Pipeline::load(&reference).unwrap();
+    job::run(&p, &RunOptions::default(), &PluginRuntime::new().unwrap()).unwrap();
+    let (got, want) = (outputs(dir.path(), "out"), outputs(dir.path(), "ref"));
+    assert!(want[0].lines().count() > 1_000, "alerts: {}", want[0].lines().count());
+    for (name, (g, w)) in ["alerts", "late events", "dead letters"].iter().zip(got.iter().zip(&want)) {
+        let first = g.lines().zip(w.lines()).position(|(a, b)| a != b);
+        assert!(
+            g == w,
+            "{name} differ from the uninterrupted run (first at line {first:?}; {} vs {} lines)",
+            g.lines().count(),
+            w.lines().count()
+        );
+    }
+}
+
+#[test]
+fn a_corrupt_newest_checkpoint_is_skipped_for_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let spec = StockStream { events: 100_000, seed: 5, ..Default::default() };
+    stock_stream(&spec, &mut std::fs::File::create(&input).unwrap()).unwrap();
+    let runtime = PluginRuntime::new().unwrap();
+    let reference = Pipeline::load(&pipeline(dir.path(), &input, "ref", "")).unwrap();
+    job::run(&reference, &RunOptions::default(), &runtime).unwrap();
+
+    let checkpoints = "[checkpoints]\ndir = \"chk\"\ninterval = \"1h\"\nevery_records = 20000\nretain = 3";
+    let p = Pipeline::load(&pipeline(dir.path(), &input, "out", checkpoints)).unwrap();
+    // Checkpoints at 20k, 40k and 60k records; stop at 70k.
+    let s =
+        job::run(&p, &RunOptions { stop_with_savepoint_after: Some(70_000), ..Default::default() }, &runtime)
+            .unwrap();
+    assert_eq!(s.checkpoints, 3);
+    let chk = dir.path().join("chk");
+    let mut names: Vec<String> =
+        std::fs::read_dir(&chk).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["chk-000001", "chk-000002", "chk-000003"]);
+
+    // Flip a byte in the newest checkpoint's state, truncate the one before it.
+    let state = chk.join("chk-000003/state.bin");
+    let mut bytes = std::fs::read(&state).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&state, bytes).unwrap();
+    let meta = chk.join("chk-000002/savepoint.json");
+    let text = std::fs::read(&meta).unwrap();
+    std::fs::write(&meta, &text[..text.len() / 2]).unwrap();
+
+    let s = job::run(&p, &RunOptions::default(), &runtime).unwrap();
+    assert_eq!(s.recovered_from.as_deref(), Some("chk-000001"));
+    assert_eq!(s.records_this_run, 80_000);
+    assert!(
+        outputs(dir.path(), "out") == outputs(dir.path(), "ref"),
+        "outputs differ from the uninterrupted run"
+    );
+}

@@ -229,7 +229,14 @@ fn start(
         Some(spec) => {
             let store = LocalStore::open(&spec.dir)?;
             let next = store.list()?.last().map_or(1, |n| n + 1);
-            Some(Checkpointer { spec: spec.clone(), store, next, last: Instant::now(), records_at_last: 0 })
+            Some(Checkpointer {
+                spec: spec.clone(),
+                store,
+                next,
+                last: Instant::now(),
+                records_at_last: 0,
+                writing: None,
+            })
         }
         None => None,
     };
@@ -286,6 +293,9 @@ fn start(
         }
         idle_loops = 0;
     }
+    if let Some(c) = checkpoints.as_mut() {
+        c.finish()?;
+    }
     let mut savepoint_path = None;
     let mut savepoint_pause = Duration::ZERO;
     if stopped {
@@ -293,8 +303,15 @@ fn start(
         let path = dir.join(format!("savepoint-{:012}", source.records()));
         let t = Instant::now();
         let (meta, snapshots) = job.snapshot(pipeline, &source)?;
+        let captured = t.elapsed();
+        meta.sinks.iter().try_for_each(crate::sink::sync)?;
         savepoint::write(&path, meta, &snapshots)?;
         savepoint_pause = t.elapsed();
+        tracing::debug!(
+            capture_ms = captured.as_millis() as u64,
+            total_ms = savepoint_pause.as_millis() as u64,
+            "savepoint timing"
+        );
         tracing::info!(path = %path.display(), "savepoint written");
         savepoint_path = Some(path);
     } else {
@@ -356,13 +373,16 @@ impl CheckpointStats {
     }
 }
 
-/// Takes periodic checkpoints into a store.
+/// Takes periodic checkpoints into a store. Processing stops only to capture the
+/// snapshot; encoding, hashing and writing it happen on a background thread, one
+/// checkpoint at a time.
 struct Checkpointer {
     spec: CheckpointSpec,
     store: LocalStore,
     next: u64,
     last: Instant,
     records_at_last: u64,
+    writing: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
 impl Checkpointer {
@@ -381,16 +401,32 @@ impl Checkpointer {
 
     /// Take a checkpoint; returns how long processing stopped for it.
     fn take(&mut self, job: &mut Job, pipeline: &Pipeline, source: &FileSource) -> Result<Duration> {
+        self.finish()?;
         let t = Instant::now();
         let (meta, snapshots) = job.snapshot(pipeline, source)?;
-        let name = self.store.write(self.next, meta, &snapshots)?;
-        store::prune(&self.store, self.spec.retain)?;
         let pause = t.elapsed();
-        tracing::debug!(checkpoint = %name, pause_ms = pause.as_millis() as u64, "checkpoint complete");
+        let (store, n, retain) = (self.store.clone(), self.next, self.spec.retain);
+        self.writing = Some(std::thread::spawn(move || {
+            let t = Instant::now();
+            // The sinks' data must be durable before the checkpoint that commits it.
+            meta.sinks.iter().try_for_each(crate::sink::sync)?;
+            let name = store.write(n, meta, &snapshots)?;
+            store::prune(&store, retain)?;
+            tracing::debug!(checkpoint = %name, write_ms = t.elapsed().as_millis() as u64, "checkpoint complete");
+            Ok(())
+        }));
         self.next += 1;
         self.last = Instant::now();
         self.records_at_last = source.records();
         Ok(pause)
+    }
+
+    /// Wait for the checkpoint being written, if any.
+    fn finish(&mut self) -> Result<()> {
+        match self.writing.take() {
+            Some(h) => h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into()))?,
+            None => Ok(()),
+        }
     }
 }
 
@@ -818,8 +854,11 @@ impl Job {
                     new.name
                 )));
             }
-            if let Some(bad) = snap.slots.iter().find(|s| s.key.len() != pipeline.key.len()) {
-                return Err(refuse(format!("key {:?} does not have {} fields", bad.key, pipeline.key.len())));
+            if let Some(bad) =
+                snap.slots.iter().find(|s| crate::state::arity_of(&s.key) != Some(pipeline.key.len()))
+            {
+                let fields: Vec<&str> = crate::state::fields_of(&bad.key).collect();
+                return Err(refuse(format!("key {fields:?} does not have {} fields", pipeline.key.len())));
             }
             let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
             if deploying {
@@ -879,7 +918,7 @@ impl Job {
         self.write_results()?;
         let mut sinks = Vec::new();
         for s in [&mut self.output, &mut self.late, &mut self.dead].into_iter().flatten() {
-            sinks.extend(s.commit()?);
+            sinks.extend(s.position()?);
         }
         let operators = self
             .ops

@@ -103,11 +103,11 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-fn put_key(out: &mut Vec<u8>, key: &[String]) {
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    for f in key {
-        put_str(out, f);
-    }
+/// A key: its field count, then the encoded fields (each u32 length + UTF-8 bytes).
+fn put_key(out: &mut Vec<u8>, key: &[u8]) {
+    let arity = crate::state::arity_of(key).unwrap_or(0);
+    out.extend_from_slice(&(arity as u32).to_le_bytes());
+    out.extend_from_slice(key);
 }
 
 fn encode_state(snapshots: &[Snapshot]) -> Vec<u8> {
@@ -269,9 +269,16 @@ fn decode_state(b: &[u8]) -> Result<Vec<Snapshot>, String> {
             let len = self.u32()? as usize;
             Ok(std::str::from_utf8(self.take(len)?).map_err(|_| "string is not UTF-8")?.to_string())
         }
-        fn key(&mut self) -> Result<Vec<String>, String> {
+        fn key(&mut self) -> Result<Vec<u8>, String> {
             let arity = self.u32()?;
-            (0..arity).map(|_| self.string()).collect()
+            let mut key = Vec::new();
+            for _ in 0..arity {
+                let len = self.u32()? as usize;
+                let field = self.take(len)?;
+                std::str::from_utf8(field).map_err(|_| "key field is not UTF-8")?;
+                crate::state::push_key_field(&mut key, field);
+            }
+            Ok(key)
         }
         fn count(&mut self) -> Result<usize, String> {
             let n = self.u64()?;

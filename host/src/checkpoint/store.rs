@@ -21,6 +21,7 @@ pub trait SnapshotStore {
 }
 
 /// Snapshots as folders in a local directory.
+#[derive(Debug, Clone)]
 pub struct LocalStore {
     dir: PathBuf,
 }

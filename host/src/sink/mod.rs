@@ -104,16 +104,23 @@ impl JsonlSink {
 
     /// Flush and make durable; returns the committed position (None for stdout).
     pub fn commit(&mut self) -> Result<Option<SinkPosition>> {
+        let pos = self.position()?;
+        if let Some(p) = &pos {
+            sync(p)?;
+        }
+        Ok(pos)
+    }
+
+    /// Flush to the operating system and return the position to commit; [`sync`] makes
+    /// it durable (a checkpoint does that off the processing thread).
+    pub fn position(&mut self) -> Result<Option<SinkPosition>> {
         self.flush()?;
-        match &mut self.target {
-            Target::File { path, w } => {
-                w.get_ref().sync_data().map_err(|e| Error::io("sync", path.clone(), e))?;
-                Ok(Some(SinkPosition {
-                    name: self.name.into(),
-                    path: path.clone(),
-                    committed_bytes: self.written,
-                }))
-            }
+        match &self.target {
+            Target::File { path, .. } => Ok(Some(SinkPosition {
+                name: self.name.into(),
+                path: path.clone(),
+                committed_bytes: self.written,
+            })),
             Target::Stdout(_) => Ok(None),
         }
     }
@@ -124,6 +131,12 @@ impl JsonlSink {
             Target::Stdout(_) => Error::io(action, "<stdout>", e),
         }
     }
+}
+
+/// Make a sink's file durable up to (at least) the position's length.
+pub fn sync(pos: &SinkPosition) -> Result<()> {
+    let f = File::open(&pos.path).map_err(|e| Error::io("open for sync", pos.path.clone(), e))?;
+    f.sync_data().map_err(|e| Error::io("sync", pos.path.clone(), e))
 }
 
 fn ensure_parent(path: &Path) -> Result<()> {

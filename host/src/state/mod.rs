@@ -111,6 +111,23 @@ pub fn valid_key(encoded: &[u8]) -> bool {
     true
 }
 
+/// The fields of an encoded key.
+pub fn fields_of(encoded: &[u8]) -> KeyFields<'_> {
+    KeyFields { rest: encoded }
+}
+
+/// How many fields an encoded key has (None if it is malformed).
+pub fn arity_of(encoded: &[u8]) -> Option<usize> {
+    let mut rest = encoded;
+    let mut n = 0;
+    while !rest.is_empty() {
+        let len = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        rest = rest.get(4 + len..)?;
+        n += 1;
+    }
+    Some(n)
+}
+
 /// Iterator over the fields of an encoded key, as bytes.
 pub struct RawKeyFields<'a> {
     rest: &'a [u8],
@@ -273,11 +290,9 @@ impl WindowState {
         self.per_key.len()
     }
 
-    /// Every slot, ordered by (window end, key id, slot id) for reproducible savepoints.
-    pub fn iter(&self) -> Vec<(u32, i64, &Slot)> {
-        let mut v: Vec<_> = self.slots.iter().map(|(&(k, id), s)| (k, id, s)).collect();
-        v.sort_by_key(|(k, id, s)| (s.window.end, s.window.start, *k, *id));
-        v
+    /// Every slot, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, i64, &Slot)> {
+        self.slots.iter().map(|(&(k, id), s)| (k, id, s))
     }
 
     /// Pending timers, for savepoints.

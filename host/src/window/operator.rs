@@ -56,10 +56,11 @@ pub enum Verdict {
     },
 }
 
-/// One saved slot.
+/// One saved slot. `key` is encoded as in [`crate::state::KeyTable`]: each field a
+/// little-endian u32 length and its UTF-8 bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SavedSlot {
-    pub key: Vec<String>,
+    pub key: Vec<u8>,
     pub id: i64,
     pub window: Window,
     pub acc: Vec<u8>,
@@ -68,7 +69,7 @@ pub struct SavedSlot {
 /// A saved staged row (ordered plugins keep rows until their slot is complete).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SavedRow {
-    pub key: Vec<String>,
+    pub key: Vec<u8>,
     pub id: i64,
     pub time: i64,
     pub values: Vec<Value>,
@@ -627,34 +628,35 @@ impl WindowOperator {
         if !self.batch.ordered() {
             self.flush(None)?;
         }
-        let fields = |k: u32| self.keys.fields(k).map(str::to_string).collect::<Vec<_>>();
+        let keys = &self.keys;
         let slots = self
             .state
             .iter()
-            .into_iter()
-            .map(|(k, id, s)| SavedSlot { key: fields(k), id, window: s.window, acc: s.acc.clone() })
+            .map(|(k, id, s)| SavedSlot {
+                key: keys.encoded(k).to_vec(),
+                id,
+                window: s.window,
+                acc: s.acc.clone(),
+            })
             .collect();
         let rows = self
             .batch
             .rows()
             .into_iter()
-            .map(|r: Row| SavedRow { key: fields(r.key), id: r.id, time: r.time, values: r.values })
+            .map(|r: Row| SavedRow {
+                key: keys.encoded(r.key).to_vec(),
+                id: r.id,
+                time: r.time,
+                values: r.values,
+            })
             .collect();
         Ok(Snapshot { slots, rows, counters: self.counters.clone() })
     }
 
     /// Load a savepoint's state (accumulators already migrated) at watermark `wm`.
     pub fn restore(&mut self, snap: &Snapshot, wm: i64) -> Result<()> {
-        let mut key = Vec::new();
-        let mut intern = |keys: &mut KeyTable, fields: &[String]| {
-            key.clear();
-            for f in fields {
-                crate::state::push_key_field(&mut key, f.as_bytes());
-            }
-            keys.intern(&key)
-        };
         for s in &snap.slots {
-            let k = intern(&mut self.keys, &s.key);
+            let k = self.keys.intern(&s.key);
             self.state.open(k, s.id, s.window);
             self.state.set_acc(k, s.id, &s.acc);
             let armed = self.schedule(k, s.id, s.window, wm);
@@ -664,7 +666,7 @@ impl WindowOperator {
             }
         }
         for r in &snap.rows {
-            let k = intern(&mut self.keys, &r.key);
+            let k = self.keys.intern(&r.key);
             self.batch.push(&Row { key: k, id: r.id, time: r.time, values: r.values.clone() });
         }
         self.counters = snap.counters.clone();

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
+./scripts/setup.sh
 ./scripts/build-plugins.sh
 echo "== building km0 (release)"
 cargo build --release --locked -p km0

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
+./scripts/setup.sh
 start=$(date +%s)
 ./scripts/build-plugins.sh
 echo "== cargo test (release)"

@@ -8,12 +8,13 @@
 use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile};
 use crate::checkpoint::store::{self, LocalStore, SnapshotStore};
 use crate::checkpoint::{OperatorMeta, Savepoint, SavepointMeta};
-use crate::pipeline::{CheckpointSpec, Pipeline, SinkSpec, SourceSpec};
+use crate::pipeline::{Backend, CheckpointSpec, Pipeline, SinkSpec, SourceSpec};
 use crate::plugin::{Plugin, PluginIdentity, PluginRuntime};
 use crate::sink::JsonlSink;
 use crate::source::file::FileSource;
 use crate::source::json::{short_eq, Projection, Scalar};
 use crate::source::Position;
+use crate::state::rocks::{Changes, RocksState};
 use crate::state::{push_key_field, valid_key};
 use crate::time::{Idleness, Watermarks};
 use crate::window::operator::{Emitted, OperatorCounters, Snapshot, Verdict, WindowOperator};
@@ -229,9 +230,19 @@ fn start(
         Some(spec) => {
             let store = LocalStore::open(&spec.dir)?;
             let next = store.list()?.last().map_or(1, |n| n + 1);
+            let rocks = match pipeline.state.backend {
+                Backend::Memory => None,
+                Backend::Rocksdb => {
+                    for op in &mut job.ops {
+                        op.track_changes();
+                    }
+                    Some(std::sync::Arc::new(RocksState::open_fresh(&pipeline.state.dir)?))
+                }
+            };
             Some(Checkpointer {
                 spec: spec.clone(),
                 store,
+                rocks,
                 next,
                 last: Instant::now(),
                 records_at_last: 0,
@@ -379,6 +390,8 @@ impl CheckpointStats {
 struct Checkpointer {
     spec: CheckpointSpec,
     store: LocalStore,
+    /// The RocksDB copy of the state, with the RocksDB backend.
+    rocks: Option<std::sync::Arc<RocksState>>,
     next: u64,
     last: Instant,
     records_at_last: u64,
@@ -403,18 +416,40 @@ impl Checkpointer {
     fn take(&mut self, job: &mut Job, pipeline: &Pipeline, source: &FileSource) -> Result<Duration> {
         self.finish()?;
         let t = Instant::now();
-        let (meta, snapshots) = job.snapshot(pipeline, source)?;
-        let pause = t.elapsed();
         let (store, n, retain) = (self.store.clone(), self.next, self.spec.retain);
-        self.writing = Some(std::thread::spawn(move || {
-            let t = Instant::now();
-            // The sinks' data must be durable before the checkpoint that commits it.
-            meta.sinks.iter().try_for_each(crate::sink::sync)?;
-            let name = store.write(n, meta, &snapshots)?;
-            store::prune(&store, retain)?;
-            tracing::debug!(checkpoint = %name, write_ms = t.elapsed().as_millis() as u64, "checkpoint complete");
-            Ok(())
-        }));
+        self.writing = Some(match &self.rocks {
+            None => {
+                let (meta, snapshots) = job.snapshot(pipeline, source)?;
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    // The sinks' data must be durable before the checkpoint that commits it.
+                    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+                    let name = store.write(n, meta, &snapshots)?;
+                    store::prune(&store, retain)?;
+                    tracing::debug!(checkpoint = %name, write_ms = t.elapsed().as_millis() as u64, "checkpoint complete");
+                    Ok(())
+                })
+            }
+            Some(rocks) => {
+                let (meta, changes) = job.changes(pipeline, source)?;
+                let rocks = rocks.clone();
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+                    savepoint::write_external(&store.path(n), meta, "rocksdb", |dir| {
+                        rocks.apply_and_checkpoint(&changes, dir)
+                    })?;
+                    store::prune(&store, retain)?;
+                    tracing::debug!(
+                        checkpoint = n,
+                        write_ms = t.elapsed().as_millis() as u64,
+                        "checkpoint complete"
+                    );
+                    Ok(())
+                })
+            }
+        });
+        let pause = t.elapsed();
         self.next += 1;
         self.last = Instant::now();
         self.records_at_last = source.records();
@@ -915,6 +950,34 @@ impl Job {
         for op in &mut self.ops {
             snapshots.push(op.snapshot()?);
         }
+        let counts = snapshots.iter().map(|s| (s.slots.len() as u64, s.rows.len() as u64)).collect();
+        let meta = self.meta(pipeline, source, counts)?;
+        Ok((meta, snapshots))
+    }
+
+    /// The changes since the last checkpoint, for the incremental (RocksDB) backend, and
+    /// the snapshot's metadata.
+    fn changes(&mut self, pipeline: &Pipeline, source: &FileSource) -> Result<(SavepointMeta, Vec<Changes>)> {
+        let mut changes = Vec::new();
+        let mut counts = Vec::new();
+        for op in &mut self.ops {
+            op.flush_unordered()?;
+            let c = op.take_changes();
+            counts.push((op.open_slots() as u64, c.rows.len() as u64));
+            changes.push(c);
+        }
+        let meta = self.meta(pipeline, source, counts)?;
+        Ok((meta, changes))
+    }
+
+    /// Metadata of a snapshot taken now; the sinks are flushed to the operating system
+    /// (the snapshot's writer syncs them before it completes).
+    fn meta(
+        &mut self,
+        pipeline: &Pipeline,
+        source: &FileSource,
+        counts: Vec<(u64, u64)>,
+    ) -> Result<SavepointMeta> {
         self.write_results()?;
         let mut sinks = Vec::new();
         for s in [&mut self.output, &mut self.late, &mut self.dead].into_iter().flatten() {
@@ -923,16 +986,16 @@ impl Job {
         let operators = self
             .ops
             .iter()
-            .zip(&snapshots)
-            .map(|(op, snap)| OperatorMeta {
+            .zip(counts)
+            .map(|(op, (slots, rows))| OperatorMeta {
                 id: op.name().to_string(),
                 plugin: op.identity().clone(),
-                slots: snap.slots.len() as u64,
-                rows: snap.rows.len() as u64,
-                counters: snap.counters.clone(),
+                slots,
+                rows,
+                counters: op.counters().clone(),
             })
             .collect();
-        let meta = SavepointMeta {
+        Ok(SavepointMeta {
             format: savepoint::FORMAT.into(),
             format_version: savepoint::FORMAT_VERSION,
             km0_version: env!("CARGO_PKG_VERSION").into(),
@@ -947,7 +1010,6 @@ impl Job {
             counters: self.counters(),
             sinks,
             state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
-        };
-        Ok((meta, snapshots))
+        })
     }
 }

@@ -26,6 +26,26 @@ pub struct Pipeline {
     pub savepoints: PathBuf,
     /// Periodic checkpoints, when configured.
     pub checkpoints: Option<CheckpointSpec>,
+    /// Where checkpoints take their state from.
+    pub state: StateSpec,
+}
+
+/// `[state]`: the state backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSpec {
+    pub backend: Backend,
+    /// The backend's working folder (RocksDB).
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Checkpoints write the whole state (savepoint format).
+    Memory,
+    /// A RocksDB copy of the state takes each checkpoint's changes; checkpoints are
+    /// RocksDB checkpoints (incremental).
+    Rocksdb,
 }
 
 /// `[checkpoints]`: consistent snapshots taken while the job runs, for recovery.
@@ -138,6 +158,17 @@ struct RawPipeline {
     savepoints: Option<RawDir>,
     #[serde(default)]
     checkpoints: Option<RawCheckpoints>,
+    #[serde(default)]
+    state: Option<RawState>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawState {
+    #[serde(default)]
+    backend: Option<Backend>,
+    #[serde(default)]
+    dir: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -423,6 +454,14 @@ impl Pipeline {
             }),
         };
 
+        let follows = matches!(&source, SourceSpec::File { follow: true, .. });
+        let raw_state = raw.state.unwrap_or(RawState { backend: None, dir: None });
+        let state = StateSpec {
+            // RocksDB by default for unbounded sources, as the issue of large state is theirs.
+            backend: raw_state.backend.unwrap_or(if follows { Backend::Rocksdb } else { Backend::Memory }),
+            dir: raw_state.dir.map(|d| resolve(&d)).unwrap_or_else(|| base.join("state")),
+        };
+
         Ok(Pipeline {
             file: path.to_path_buf(),
             name: raw.name,
@@ -439,6 +478,7 @@ impl Pipeline {
             dead_letter: resolve(&raw.dead_letter.path),
             savepoints,
             checkpoints,
+            state,
         })
     }
 

@@ -79,6 +79,15 @@ impl Lcg {
 
 #[test]
 fn sigkill_at_random_points_then_recovery_gives_the_uninterrupted_output() {
+    sigkill_and_recover("memory");
+}
+
+#[test]
+fn sigkill_with_the_rocksdb_backend_recovers_too() {
+    sigkill_and_recover("rocksdb");
+}
+
+fn sigkill_and_recover(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
     let all = dir.path().join("all.jsonl");
     let spec = StockStream {
@@ -111,8 +120,10 @@ fn sigkill_at_random_points_then_recovery_gives_the_uninterrupted_output() {
         })
     };
 
-    let checkpoints = "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3";
-    let job = pipeline(dir.path(), &live, "out", checkpoints);
+    let checkpoints = format!(
+        "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3\n[state]\nbackend = \"{backend}\"\ndir = \"state\""
+    );
+    let job = pipeline(dir.path(), &live, "out", &checkpoints);
     let mut rng = Lcg(20261129);
     let mut kills = 0;
     let started = Instant::now();
@@ -204,6 +215,54 @@ fn a_corrupt_newest_checkpoint_is_skipped_for_the_previous_one() {
     let s = job::run(&p, &RunOptions::default(), &runtime).unwrap();
     assert_eq!(s.recovered_from.as_deref(), Some("chk-000001"));
     assert_eq!(s.records_this_run, 80_000);
+    assert!(
+        outputs(dir.path(), "out") == outputs(dir.path(), "ref"),
+        "outputs differ from the uninterrupted run"
+    );
+}
+
+#[test]
+fn rocksdb_checkpoints_are_incremental_and_a_broken_one_is_skipped() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let spec = StockStream { events: 120_000, seed: 9, ..Default::default() };
+    stock_stream(&spec, &mut std::fs::File::create(&input).unwrap()).unwrap();
+    let runtime = PluginRuntime::new().unwrap();
+    let reference = Pipeline::load(&pipeline(dir.path(), &input, "ref", "")).unwrap();
+    job::run(&reference, &RunOptions::default(), &runtime).unwrap();
+
+    let checkpoints = "[checkpoints]\ndir = \"chk\"\ninterval = \"1h\"\nevery_records = 20000\nretain = 4\n\
+                       [state]\nbackend = \"rocksdb\"\ndir = \"state\"";
+    let p = Pipeline::load(&pipeline(dir.path(), &input, "out", checkpoints)).unwrap();
+    let s =
+        job::run(&p, &RunOptions { stop_with_savepoint_after: Some(90_000), ..Default::default() }, &runtime)
+            .unwrap();
+    assert_eq!(s.checkpoints, 4);
+    let chk = dir.path().join("chk");
+    // Incremental: the newest checkpoint shares SST files (hard links) with older ones
+    // instead of writing the whole state again.
+    let ssts = |n: u32| -> Vec<(u64, u64)> {
+        std::fs::read_dir(chk.join(format!("chk-{n:06}/rocksdb")))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
+            .map(|e| (e.metadata().unwrap().ino(), e.metadata().unwrap().len()))
+            .collect()
+    };
+    let (older, newest) = (ssts(3), ssts(4));
+    let shared: u64 = newest.iter().filter(|f| older.contains(f)).map(|f| f.1).sum();
+    assert!(shared > 0, "checkpoint 4 shares no SST file with checkpoint 3: {older:?} {newest:?}");
+
+    // Break the newest checkpoint (its MANIFEST is its own file, not a shared one).
+    let manifest = std::fs::read_dir(chk.join("chk-000004/rocksdb"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("MANIFEST"))
+        .unwrap();
+    std::fs::write(&manifest, b"garbage").unwrap();
+    let s = job::run(&p, &RunOptions::default(), &runtime).unwrap();
+    assert_eq!(s.recovered_from.as_deref(), Some("chk-000003"));
     assert!(
         outputs(dir.path(), "out") == outputs(dir.path(), "ref"),
         "outputs differ from the uninterrupted run"

@@ -125,39 +125,82 @@ fn encode_state(snapshots: &[Snapshot]) -> Vec<u8> {
             out.extend_from_slice(&(s.acc.len() as u32).to_le_bytes());
             out.extend_from_slice(&s.acc);
         }
-        out.extend_from_slice(&(snap.rows.len() as u64).to_le_bytes());
-        for r in &snap.rows {
-            put_key(&mut out, &r.key);
-            out.extend_from_slice(&r.id.to_le_bytes());
-            out.extend_from_slice(&r.time.to_le_bytes());
-            out.extend_from_slice(&(r.values.len() as u32).to_le_bytes());
-            for v in &r.values {
-                match v {
-                    Value::Int(x) => {
-                        out.push(0);
-                        out.extend_from_slice(&x.to_le_bytes());
-                    }
-                    Value::Float(x) => {
-                        out.push(1);
-                        out.extend_from_slice(&x.to_bits().to_le_bytes());
-                    }
-                    Value::Text(x) => {
-                        out.push(2);
-                        put_str(&mut out, x);
-                    }
-                    Value::Bool(x) => {
-                        out.push(3);
-                        out.push(*x as u8);
-                    }
-                }
-            }
-        }
+        encode_rows_into(&mut out, &snap.rows);
     }
     out
 }
 
-/// Write a savepoint into the new folder `dir`. `meta.state` is filled in here.
-pub fn write(dir: &Path, mut meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<SavepointMeta> {
+/// Staged rows: u64 count, then each row as in `state.bin`.
+pub fn encode_rows(rows: &[SavedRow]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_rows_into(&mut out, rows);
+    out
+}
+
+fn encode_rows_into(out: &mut Vec<u8>, rows: &[SavedRow]) {
+    out.extend_from_slice(&(rows.len() as u64).to_le_bytes());
+    for r in rows {
+        put_key(out, &r.key);
+        out.extend_from_slice(&r.id.to_le_bytes());
+        out.extend_from_slice(&r.time.to_le_bytes());
+        out.extend_from_slice(&(r.values.len() as u32).to_le_bytes());
+        for v in &r.values {
+            match v {
+                Value::Int(x) => {
+                    out.push(0);
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                Value::Float(x) => {
+                    out.push(1);
+                    out.extend_from_slice(&x.to_bits().to_le_bytes());
+                }
+                Value::Text(x) => {
+                    out.push(2);
+                    put_str(out, x);
+                }
+                Value::Bool(x) => {
+                    out.push(3);
+                    out.push(*x as u8);
+                }
+            }
+        }
+    }
+}
+
+/// Inverse of [`encode_rows`].
+pub fn decode_rows(bytes: &[u8]) -> Result<Vec<SavedRow>, String> {
+    let mut r = Reader(bytes);
+    let rows = r.rows()?;
+    if !r.0.is_empty() {
+        return Err("bytes after the rows".into());
+    }
+    Ok(rows)
+}
+
+/// Write a snapshot whose state a backend writes itself (RocksDB): `write_state` fills
+/// the folder it is given; the metadata and `CHECKSUM` (of the metadata; the backend's
+/// files carry their own checksums) are written around it, atomically.
+pub fn write_external(
+    dir: &Path,
+    mut meta: SavepointMeta,
+    state_dir: &str,
+    write_state: impl FnOnce(&Path) -> Result<()>,
+) -> Result<SavepointMeta> {
+    let tmp = temp_folder(dir)?;
+    write_state(&tmp.join(state_dir))?;
+    let windows = meta.operators.iter().map(|o| o.slots).sum();
+    meta.state = StateFile { file: state_dir.into(), windows, bytes: 0, sha256: String::new() };
+    let meta_json =
+        serde_json::to_vec_pretty(&meta).map_err(|e| corrupt(dir, format!("encode metadata: {e}")))?;
+    let meta_sha = hex(&Sha256::digest(&meta_json));
+    write_synced(&tmp.join(META), &meta_json)?;
+    write_synced(&tmp.join(CHECKSUM), format!("{meta_sha}  {META}\n").as_bytes())?;
+    std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename snapshot into", dir, e))?;
+    Ok(meta)
+}
+
+/// A new, empty temporary folder beside `dir`, to be renamed into it.
+fn temp_folder(dir: &Path) -> Result<PathBuf> {
     if dir.exists() {
         return Err(corrupt(dir, "already exists; savepoints are never overwritten"));
     }
@@ -168,7 +211,12 @@ pub fn write(dir: &Path, mut meta: SavepointMeta, snapshots: &[Snapshot]) -> Res
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create folder", &tmp, e))?;
+    Ok(tmp)
+}
 
+/// Write a savepoint into the new folder `dir`. `meta.state` is filled in here.
+pub fn write(dir: &Path, mut meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<SavepointMeta> {
+    let tmp = temp_folder(dir)?;
     let state = encode_state(snapshots);
     let state_sha = hex(&Sha256::digest(&state));
     let windows = snapshots.iter().map(|s| s.slots.len() as u64).sum();
@@ -198,14 +246,17 @@ pub fn read(dir: &Path) -> Result<Savepoint> {
     };
     let checksum = String::from_utf8(read(CHECKSUM)?).map_err(|_| corrupt(dir, "CHECKSUM is not text"))?;
     let meta_bytes = read(META)?;
-    let state = read(STATE)?;
+    let external = !checksum.contains(STATE);
+    let state = if external { Vec::new() } else { read(STATE)? };
     let mut expected = std::collections::HashMap::new();
     for line in checksum.lines() {
         if let Some((sum, file)) = line.split_once("  ") {
             expected.insert(file.to_string(), sum.to_string());
         }
     }
-    for (file, bytes) in [(META, &meta_bytes), (STATE, &state)] {
+    let files: &[(&str, &Vec<u8>)] =
+        if external { &[(META, &meta_bytes)] } else { &[(META, &meta_bytes), (STATE, &state)] };
+    for &(file, bytes) in files {
         let got = hex(&Sha256::digest(bytes));
         match expected.get(file) {
             Some(want) if *want == got => {}
@@ -226,7 +277,13 @@ pub fn read(dir: &Path) -> Result<Savepoint> {
             format!("format {} v{} is not {FORMAT} v{FORMAT_VERSION}", meta.format, meta.format_version),
         ));
     }
-    let mut snapshots = decode_state(&state).map_err(|m| corrupt(dir, format!("{STATE}: {m}")))?;
+    let mut snapshots = if external {
+        let at = dir.join(&meta.state.file);
+        crate::state::rocks::load(&at, meta.operators.len())
+            .map_err(|e| corrupt(dir, format!("{}: {e}", meta.state.file)))?
+    } else {
+        decode_state(&state).map_err(|m| corrupt(dir, format!("{STATE}: {m}")))?
+    };
     if snapshots.len() != meta.operators.len() {
         return Err(corrupt(dir, "operator count differs from the metadata"));
     }
@@ -242,54 +299,78 @@ pub fn read(dir: &Path) -> Result<Savepoint> {
     Ok(Savepoint { path: dir.to_path_buf(), meta, snapshots })
 }
 
-fn decode_state(b: &[u8]) -> Result<Vec<Snapshot>, String> {
-    struct R<'a>(&'a [u8]);
-    impl<'a> R<'a> {
-        fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-            if self.0.len() < n {
-                return Err("truncated".into());
-            }
-            let (a, rest) = self.0.split_at(n);
-            self.0 = rest;
-            Ok(a)
+/// Little-endian reader over a state file.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("truncated".into());
         }
-        fn arr<const N: usize>(&mut self) -> Result<[u8; N], String> {
-            self.take(N)?.try_into().map_err(|_| "truncated".to_string())
-        }
-        fn u32(&mut self) -> Result<u32, String> {
-            Ok(u32::from_le_bytes(self.arr()?))
-        }
-        fn u64(&mut self) -> Result<u64, String> {
-            Ok(u64::from_le_bytes(self.arr()?))
-        }
-        fn i64(&mut self) -> Result<i64, String> {
-            Ok(i64::from_le_bytes(self.arr()?))
-        }
-        fn string(&mut self) -> Result<String, String> {
-            let len = self.u32()? as usize;
-            Ok(std::str::from_utf8(self.take(len)?).map_err(|_| "string is not UTF-8")?.to_string())
-        }
-        fn key(&mut self) -> Result<Vec<u8>, String> {
-            let arity = self.u32()?;
-            let mut key = Vec::new();
-            for _ in 0..arity {
-                let len = self.u32()? as usize;
-                let field = self.take(len)?;
-                std::str::from_utf8(field).map_err(|_| "key field is not UTF-8")?;
-                crate::state::push_key_field(&mut key, field);
-            }
-            Ok(key)
-        }
-        fn count(&mut self) -> Result<usize, String> {
-            let n = self.u64()?;
-            // Every item takes at least 8 bytes: a larger count is corruption.
-            if n > self.0.len() as u64 / 8 {
-                return Err("count larger than the file".into());
-            }
-            Ok(n as usize)
-        }
+        let (a, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(a)
     }
-    let mut r = R(b);
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        self.take(N)?.try_into().map_err(|_| "truncated".to_string())
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.arr()?))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.arr()?))
+    }
+    fn i64(&mut self) -> Result<i64, String> {
+        Ok(i64::from_le_bytes(self.arr()?))
+    }
+    fn string(&mut self) -> Result<String, String> {
+        let len = self.u32()? as usize;
+        Ok(std::str::from_utf8(self.take(len)?).map_err(|_| "string is not UTF-8")?.to_string())
+    }
+    fn key(&mut self) -> Result<Vec<u8>, String> {
+        let arity = self.u32()?;
+        let mut key = Vec::new();
+        for _ in 0..arity {
+            let len = self.u32()? as usize;
+            let field = self.take(len)?;
+            std::str::from_utf8(field).map_err(|_| "key field is not UTF-8")?;
+            crate::state::push_key_field(&mut key, field);
+        }
+        Ok(key)
+    }
+    fn count(&mut self) -> Result<usize, String> {
+        let n = self.u64()?;
+        // Every item takes at least 8 bytes: a larger count is corruption.
+        if n > self.0.len() as u64 / 8 {
+            return Err("count larger than the file".into());
+        }
+        Ok(n as usize)
+    }
+    fn rows(&mut self) -> Result<Vec<SavedRow>, String> {
+        let mut rows = Vec::new();
+        for _ in 0..self.count()? {
+            let key = self.key()?;
+            let id = self.i64()?;
+            let time = self.i64()?;
+            let n = self.u32()?;
+            let mut values = Vec::new();
+            for _ in 0..n {
+                values.push(match self.take(1)?[0] {
+                    0 => Value::Int(self.i64()?),
+                    1 => Value::Float(f64::from_bits(self.u64()?)),
+                    2 => Value::Text(self.string()?),
+                    3 => Value::Bool(self.take(1)?[0] != 0),
+                    t => return Err(format!("unknown value tag {t}")),
+                });
+            }
+            rows.push(SavedRow { key, id, time, values });
+        }
+        Ok(rows)
+    }
+}
+
+fn decode_state(b: &[u8]) -> Result<Vec<Snapshot>, String> {
+    let mut r = Reader(b);
     if r.take(8)? != MAGIC {
         return Err("not a km0 state file".into());
     }
@@ -309,23 +390,7 @@ fn decode_state(b: &[u8]) -> Result<Vec<Snapshot>, String> {
             let acc = r.take(len)?.to_vec();
             snap.slots.push(SavedSlot { key, id, window, acc });
         }
-        for _ in 0..r.count()? {
-            let key = r.key()?;
-            let id = r.i64()?;
-            let time = r.i64()?;
-            let n = r.u32()?;
-            let mut values = Vec::new();
-            for _ in 0..n {
-                values.push(match r.take(1)?[0] {
-                    0 => Value::Int(r.i64()?),
-                    1 => Value::Float(f64::from_bits(r.u64()?)),
-                    2 => Value::Text(r.string()?),
-                    3 => Value::Bool(r.take(1)?[0] != 0),
-                    t => return Err(format!("unknown value tag {t}")),
-                });
-            }
-            snap.rows.push(SavedRow { key, id, time, values });
-        }
+        snap.rows = r.rows()?;
         out.push(snap);
     }
     if !r.0.is_empty() {

@@ -40,7 +40,8 @@ impl LocalStore {
         Ok(LocalStore { dir: dir.to_path_buf() })
     }
 
-    fn path(&self, n: u64) -> PathBuf {
+    /// The folder of snapshot `n`.
+    pub fn path(&self, n: u64) -> PathBuf {
         self.dir.join(format!("chk-{n:06}"))
     }
 }

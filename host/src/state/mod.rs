@@ -4,8 +4,10 @@
 //! Keeping accumulators as bytes in the host is what lets savepoints and plugin upgrades
 //! work without ever reading a guest's memory.
 
+pub mod rocks;
+
 use crate::window::Window;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -196,6 +198,8 @@ pub struct WindowState {
     timers: BTreeSet<Timer>,
     /// Open slots per key id, to forget keys that have none.
     per_key: FastMap<u32, u32>,
+    /// Slots written since the last checkpoint, when a backend keeps an incremental copy.
+    dirty: Option<HashSet<(u32, i64), foldhash::fast::RandomState>>,
 }
 
 impl WindowState {
@@ -218,6 +222,9 @@ impl WindowState {
         }
         self.slots.insert((key, id), Slot { window, acc: Vec::new() });
         *self.per_key.entry(key).or_insert(0) += 1;
+        if let Some(d) = &mut self.dirty {
+            d.insert((key, id));
+        }
         true
     }
 
@@ -227,6 +234,9 @@ impl WindowState {
         if let Some(slot) = self.slots.get_mut(&(key, id)) {
             slot.acc.clear();
             slot.acc.extend_from_slice(acc);
+            if let Some(d) = &mut self.dirty {
+                d.insert((key, id));
+            }
         }
     }
 
@@ -234,12 +244,18 @@ impl WindowState {
     pub fn set_window(&mut self, key: u32, id: i64, window: Window) {
         if let Some(slot) = self.slots.get_mut(&(key, id)) {
             slot.window = window;
+            if let Some(d) = &mut self.dirty {
+                d.insert((key, id));
+            }
         }
     }
 
     /// Remove a slot; returns it and whether its key has no slots left.
     pub fn remove(&mut self, key: u32, id: i64) -> Option<(Slot, bool)> {
         let slot = self.slots.remove(&(key, id))?;
+        if let Some(d) = &mut self.dirty {
+            d.remove(&(key, id));
+        }
         let last = match self.per_key.get_mut(&key) {
             Some(n) if *n > 1 => {
                 *n -= 1;
@@ -293,6 +309,16 @@ impl WindowState {
     /// Every slot, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, i64, &Slot)> {
         self.slots.iter().map(|(&(k, id), s)| (k, id, s))
+    }
+
+    /// Start tracking written slots; every slot open now counts as written.
+    pub fn track(&mut self) {
+        self.dirty = Some(self.slots.keys().copied().collect());
+    }
+
+    /// The slots written since the last call (when tracking).
+    pub fn take_dirty(&mut self) -> Vec<(u32, i64)> {
+        self.dirty.as_mut().map(|d| d.drain().collect()).unwrap_or_default()
     }
 
     /// Pending timers, for savepoints.

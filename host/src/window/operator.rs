@@ -114,6 +114,9 @@ pub struct WindowOperator {
     next_session: i64,
     fire_groups: Groups,
     counters: OperatorCounters,
+    /// Slots removed since the last checkpoint (encoded key, slot id), when a backend
+    /// keeps an incremental copy.
+    removed: Option<Vec<(Vec<u8>, i64)>>,
 }
 
 impl WindowOperator {
@@ -145,6 +148,7 @@ impl WindowOperator {
             next_session: 0,
             fire_groups: empty_groups(key_arity as u32),
             counters: OperatorCounters::default(),
+            removed: None,
         }
     }
 
@@ -410,13 +414,56 @@ impl WindowOperator {
                     packed_item(&m, 0).to_vec()
                 }
             };
-            self.state.remove(key, other);
+            self.remove_slot(key, other);
             if let Some(list) = self.sessions.get_mut(&key) {
                 list.retain(|r| r.id != other);
             }
         }
         self.state.set_acc(key, target, &acc);
         Ok(())
+    }
+
+    /// Remove a slot, noting it for the incremental backend; returns whether it was the
+    /// key's last.
+    fn remove_slot(&mut self, key: u32, id: i64) -> Option<bool> {
+        let (_, last) = self.state.remove(key, id)?;
+        if let Some(r) = &mut self.removed {
+            r.push((self.keys.encoded(key).to_vec(), id));
+        }
+        Some(last)
+    }
+
+    /// Keep track of what changes, for a backend that writes only the changes at each
+    /// checkpoint; everything open now counts as changed.
+    pub fn track_changes(&mut self) {
+        self.state.track();
+        self.removed = Some(Vec::new());
+    }
+
+    /// What changed since the last call (unordered plugins must have been flushed).
+    pub fn take_changes(&mut self) -> crate::state::rocks::Changes {
+        let keys = &self.keys;
+        let puts = self
+            .state
+            .take_dirty()
+            .into_iter()
+            .filter_map(|(k, id)| {
+                self.state.slot(k, id).map(|s| SavedSlot {
+                    key: keys.encoded(k).to_vec(),
+                    id,
+                    window: s.window,
+                    acc: s.acc.clone(),
+                })
+            })
+            .collect();
+        let rows = self
+            .batch
+            .rows()
+            .into_iter()
+            .map(|r| SavedRow { key: keys.encoded(r.key).to_vec(), id: r.id, time: r.time, values: r.values })
+            .collect();
+        let deletes = self.removed.as_mut().map(std::mem::take).unwrap_or_default();
+        crate::state::rocks::Changes { puts, deletes, rows }
     }
 
     fn set_armed(&mut self, key: u32, id: i64, armed: bool) {
@@ -509,7 +556,7 @@ impl WindowOperator {
         }
         self.emit(&fires, out)?;
         for (key, id) in cleanups {
-            if let Some((_, last)) = self.state.remove(key, id) {
+            if let Some(last) = self.remove_slot(key, id) {
                 if let Some(list) = self.sessions.get_mut(&key) {
                     list.retain(|r| r.id != id);
                     if list.is_empty() {
@@ -620,6 +667,14 @@ impl WindowOperator {
         serde_json::from_str::<serde::de::IgnoredAny>(&value)
             .map_err(|e| bad(format!("invalid JSON: {e}")))?;
         Ok(value)
+    }
+
+    /// Give all staged rows of an unordered plugin to it (ordered plugins keep theirs).
+    pub fn flush_unordered(&mut self) -> Result<()> {
+        if !self.batch.ordered() {
+            self.flush(None)?;
+        }
+        Ok(())
     }
 
     /// The operator's state for a savepoint: unordered plugins are flushed first, so only

@@ -14,8 +14,8 @@ use crate::sink::JsonlSink;
 use crate::source::file::FileSource;
 use crate::source::json::{short_eq, Projection, Scalar};
 use crate::source::Position;
+use crate::state::push_key_field;
 use crate::state::rocks::{Changes, RocksState};
-use crate::state::{push_key_field, valid_key};
 use crate::time::{Idleness, Watermarks};
 use crate::window::operator::{Emitted, OperatorCounters, Snapshot, Verdict, WindowOperator};
 use crate::window::Window;
@@ -759,13 +759,14 @@ impl Job {
             }
             Err(Reject::Dead(reason)) => return self.dead_letter(&reason, record, pos),
         };
-        if !self.ops[0].knows_key(&self.key_buf) && !valid_key(&self.key_buf) {
-            return self.dead_letter("a key field is not valid UTF-8", record, pos);
-        }
         for i in 0..self.ops.len() {
             match self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)? {
                 Verdict::Accepted => {}
                 Verdict::Late { window } => self.late_event(i, t, wm, window, record, pos)?,
+                // Every operator sees the same key: the first one to meet it decides.
+                Verdict::InvalidKey => {
+                    return self.dead_letter("a key field is not valid UTF-8", record, pos)
+                }
             }
         }
         // A late event cannot move the watermark: its time is below it.

@@ -54,6 +54,8 @@ pub enum Verdict {
     Late {
         window: Window,
     },
+    /// The key, seen for the first time, is not valid UTF-8 (nothing was changed).
+    InvalidKey,
 }
 
 /// One saved slot. `key` is encoded as in [`crate::state::KeyTable`]: each field a
@@ -188,9 +190,15 @@ impl WindowOperator {
         self.batch.len()
     }
 
+    /// The id of an encoded key; a key seen for the first time is checked to be UTF-8
+    /// (keys are built from raw input bytes) and interned.
     #[inline]
-    pub fn knows_key(&self, key: &[u8]) -> bool {
-        self.keys.get(key).is_some()
+    fn key_id(&mut self, key: &[u8]) -> Option<u32> {
+        match self.keys.get(key) {
+            Some(id) => Some(id),
+            None if crate::state::valid_key(key) => Some(self.keys.insert(key)),
+            None => None,
+        }
     }
 
     /// Check the plugin's columns in a projected record; the reason names the field.
@@ -277,7 +285,7 @@ impl WindowOperator {
         if last.saturating_add(self.lateness) <= wm {
             return Ok(Verdict::Late { window: self.assigner.window_ending(last) });
         }
-        let k = self.keys.intern(key);
+        let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
         // A group already staged in this batch has its slot open.
         if self.batch.push_row(k, slot.start, t) && self.state.open(k, slot.start, slot) {
             self.schedule(k, slot.start, slot, wm);
@@ -316,7 +324,7 @@ impl WindowOperator {
         out: &mut Vec<Emitted>,
     ) -> Result<Verdict> {
         let own = self.assigner.slot(t);
-        let k = self.keys.intern(key);
+        let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
         // The merged window, the earliest overlapping session and how many overlap.
         let mut merged = own;
         let mut first: Option<(Window, usize)> = None;
@@ -485,10 +493,19 @@ impl WindowOperator {
             self.next_fire = self.next_fire.min(end);
             armed = true;
         }
-        let cleanup = self.assigner.last_end(slot).saturating_add(self.lateness);
-        self.state.add_timer(Timer { time: cleanup, kind: TimerKind::Cleanup, key, id });
-        self.next_fire = self.next_fire.min(cleanup);
+        // Without allowed lateness a tumbling window or a session is dropped when it fires:
+        // one timer does both.
+        if sliding || self.lateness > 0 || !armed {
+            let cleanup = self.assigner.last_end(slot).saturating_add(self.lateness);
+            self.state.add_timer(Timer { time: cleanup, kind: TimerKind::Cleanup, key, id });
+            self.next_fire = self.next_fire.min(cleanup);
+        }
         armed
+    }
+
+    /// Whether a `Fire` timer also ends its slot (no separate cleanup timer).
+    fn fire_cleans_up(&self) -> bool {
+        self.lateness == 0 && !matches!(self.assigner, Assigner::Sliding { .. })
     }
 
     /// Hand staged rows to the plugin: all of them, or for ordered plugins those whose
@@ -555,6 +572,9 @@ impl WindowOperator {
             }
         }
         self.emit(&fires, out)?;
+        if self.fire_cleans_up() {
+            cleanups.extend_from_slice(&fires);
+        }
         for (key, id) in cleanups {
             if let Some(last) = self.remove_slot(key, id) {
                 if let Some(list) = self.sessions.get_mut(&key) {

@@ -268,3 +268,26 @@ fn rocksdb_checkpoints_are_incremental_and_a_broken_one_is_skipped() {
         "outputs differ from the uninterrupted run"
     );
 }
+
+#[test]
+fn a_new_plugin_version_deploys_from_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let spec = StockStream { events: 60_000, seed: 3, ..Default::default() };
+    stock_stream(&spec, &mut std::fs::File::create(&input).unwrap()).unwrap();
+    let runtime = PluginRuntime::new().unwrap();
+    let checkpoints = "[checkpoints]\ndir = \"chk\"\ninterval = \"1h\"\nevery_records = 20000\n[state]\nbackend = \"rocksdb\"\ndir = \"state\"";
+    let p = Pipeline::load(&pipeline(dir.path(), &input, "out", checkpoints)).unwrap();
+    job::run(&p, &RunOptions { stop_with_savepoint_after: Some(50_000), ..Default::default() }, &runtime)
+        .unwrap();
+    let v2 = repo().join("plugins/dist/min-stock-v2.wasm");
+    let chk = dir.path().join("chk/chk-000002");
+    let s = job::deploy(&p, &v2, &chk, &RunOptions::default(), &runtime).unwrap();
+    assert_eq!(s.migrated, vec![("window-aggregate".to_string(), 1, 2)]);
+    assert_eq!(s.records_this_run, 20_000, "resumed at the checkpoint's position (40k)");
+    let last = std::fs::read_to_string(dir.path().join("out/alertas.jsonl")).unwrap();
+    assert!(
+        last.lines().last().unwrap().contains("suma_delta"),
+        "the new version writes the results after it"
+    );
+}

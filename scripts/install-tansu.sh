@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install the tansu broker (Apache-Kafka-compatible, Rust, from crates.io) once into a
+# cache folder shared by sessions and CI, and print the path of its binary. Building it
+# takes about 10 minutes of CPU the first time; later calls return at once.
+set -euo pipefail
+root="${KM0_TOOLS:-$HOME/.cache/km0-tools}/tansu-0.6.0"
+if [ ! -x "$root/bin/tansu" ]; then
+  echo "== building tansu 0.6.0 (SQLite storage) into $root (~10 min, once)" >&2
+  CARGO_TARGET_DIR="${KM0_TOOLS:-$HOME/.cache/km0-tools}/tansu-target" \
+    cargo install tansu --version 0.6.0 --locked --features dynostore,libsql --root "$root" >&2
+fi
+echo "$root/bin/tansu"

@@ -185,10 +185,10 @@ fn load_plugins(
                 sp.meta.operators.iter().any(|o| o.id == a.name && o.plugin.name == *name)
             });
             match replaced {
-                Some((path, _, _)) => {
-                    runtime.load(path, &a.plugin.config).map_err(|e| Error::Deploy(format!("{e}")))
-                }
-                None => runtime.load(&a.plugin.path, &a.plugin.config),
+                Some((path, _, _)) => runtime
+                    .load_with(path, &a.plugin.config, a.plugin.limits)
+                    .map_err(|e| Error::Deploy(format!("{e}"))),
+                None => runtime.load_with(&a.plugin.path, &a.plugin.config, a.plugin.limits),
             }
         })
         .collect()

@@ -126,6 +126,8 @@ pub struct PluginSpec {
     pub config: Vec<(String, String)>,
     /// Maximum events per call into the plugin.
     pub batch_size: usize,
+    /// CPU time per call and memory of the instance.
+    pub limits: crate::plugin::Limits,
 }
 
 #[derive(Debug, Clone)]
@@ -249,6 +251,10 @@ struct RawPlugin {
     config: toml::Table,
     #[serde(default)]
     batch_size: Option<usize>,
+    #[serde(default, deserialize_with = "opt_duration_ms")]
+    call_timeout: Option<i64>,
+    #[serde(default)]
+    max_memory_mb: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -352,7 +358,20 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
         let json = serde_json::to_string(&v).map_err(|e| format!("`{at}.config.{k}`: {e}"))?;
         config.push((k, json));
     }
-    Ok(PluginSpec { path: resolve(&p.path), config, batch_size })
+    let mut limits = crate::plugin::Limits::default();
+    if let Some(ms) = p.call_timeout {
+        if ms < 10 {
+            return Err(format!("`{at}.call_timeout` must be at least 10ms"));
+        }
+        limits.call_timeout = std::time::Duration::from_millis(ms as u64);
+    }
+    if let Some(mb) = p.max_memory_mb {
+        if mb == 0 {
+            return Err(format!("`{at}.max_memory_mb` must be positive"));
+        }
+        limits.memory_bytes = mb.saturating_mul(1 << 20);
+    }
+    Ok(PluginSpec { path: resolve(&p.path), config, batch_size, limits })
 }
 
 impl Pipeline {

@@ -8,14 +8,16 @@
 //! accumulators and events, and a replay gives the same output.
 
 pub mod batch;
+pub mod cache;
 
 use crate::pipeline::hex;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::Path;
-use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store};
+use std::time::Duration;
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 mod bindings {
@@ -48,7 +50,27 @@ pub struct PluginIdentity {
 struct GuestState {
     wasi: WasiCtx,
     table: ResourceTable,
+    limits: StoreLimits,
 }
+
+/// What one plugin instance may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// CPU time of one call (measured in epochs of [`EPOCH`]); a call that runs longer is
+    /// stopped.
+    pub call_timeout: Duration,
+    /// Linear memory of the instance.
+    pub memory_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { call_timeout: Duration::from_secs(10), memory_bytes: 512 << 20 }
+    }
+}
+
+/// How often the engine's epoch advances: the granularity of the call timeout.
+pub const EPOCH: Duration = Duration::from_millis(10);
 
 impl WasiView for GuestState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
@@ -60,6 +82,8 @@ impl WasiView for GuestState {
 pub struct PluginRuntime {
     engine: Engine,
     linker: Linker<GuestState>,
+    /// Where compiled components are cached (none: always compile).
+    cache: Option<std::path::PathBuf>,
 }
 
 impl PluginRuntime {
@@ -68,24 +92,58 @@ impl PluginRuntime {
         config.wasm_component_model(true);
         // Concurrency support makes every call ~3.5x dearer; plugins are synchronous.
         config.concurrency_support(false);
+        // Runaway plugins are stopped at an epoch deadline (cheaper than fuel).
+        config.epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| runtime_error(format!("wasmtime engine: {e:#}")))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| runtime_error(format!("linking WASI: {e:#}")))?;
-        Ok(PluginRuntime { engine, linker })
+        // The epoch ticker lives as long as the engine does.
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("km0-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(EPOCH);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            })
+            .map_err(|e| runtime_error(format!("epoch ticker: {e}")))?;
+        Ok(PluginRuntime { engine, linker, cache: cache::default_dir() })
+    }
+
+    /// Cache compiled components in `dir` (or nowhere).
+    pub fn with_cache(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.cache = dir;
+        self
+    }
+
+    /// Load, check and configure the component at `path`, with the default limits.
+    pub fn load(&self, path: &Path, config: &[(String, String)]) -> Result<Plugin> {
+        self.load_with(path, config, Limits::default())
     }
 
     /// Load, check and configure the component at `path`.
-    pub fn load(&self, path: &Path, config: &[(String, String)]) -> Result<Plugin> {
+    pub fn load_with(&self, path: &Path, config: &[(String, String)], limits: Limits) -> Result<Plugin> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
-        self.load_bytes(&path.display().to_string(), &bytes, config)
+        self.load_bytes(&path.display().to_string(), &bytes, config, limits)
     }
 
-    pub fn load_bytes(&self, label: &str, bytes: &[u8], config: &[(String, String)]) -> Result<Plugin> {
+    pub fn load_bytes(
+        &self,
+        label: &str,
+        bytes: &[u8],
+        config: &[(String, String)],
+        limits: Limits,
+    ) -> Result<Plugin> {
         let fail = |message: String| Error::Plugin { plugin: label.to_string(), message };
-        let component = Component::new(&self.engine, bytes)
+        let component = cache::load(&self.engine, self.cache.as_deref(), bytes)
             .map_err(|e| fail(format!("not a WebAssembly component: {e:#}")))?;
-        let mut store = Store::new(&self.engine, sandbox());
+        let mut store = Store::new(&self.engine, sandbox(&limits));
+        store.limiter(|s| &mut s.limits);
+        let deadline = (limits.call_timeout.as_millis() / EPOCH.as_millis()).max(1) as u64;
+        store.set_epoch_deadline(deadline);
         let instance = AggregatePlugin::instantiate(&mut store, &component, &self.linker).map_err(|e| {
             fail(format!(
                 "does not implement the km0 contract (world km0:plugin/aggregate-plugin@{CONTRACT_VERSION}): {e:#}"
@@ -103,7 +161,7 @@ impl PluginRuntime {
             sha256: hex(&Sha256::digest(bytes)),
             contract: CONTRACT_VERSION.into(),
         };
-        Ok(Plugin { store, instance, info, identity })
+        Ok(Plugin { store, instance, info, identity, deadline, limits })
     }
 }
 
@@ -112,13 +170,14 @@ fn runtime_error(message: String) -> Error {
 }
 
 /// A WASI context with nothing in it.
-fn sandbox() -> GuestState {
+fn sandbox(limits: &Limits) -> GuestState {
     let mut b = WasiCtxBuilder::new();
     // Fixed randomness: guests' hash maps and the like behave the same on every replay.
     b.secure_random(wasmtime_wasi::random::Deterministic::new(vec![0x6b, 0x6d, 0x30, 0x21]));
     b.insecure_random(wasmtime_wasi::random::Deterministic::new(vec![0x30, 0x6d, 0x6b, 0x21]));
     b.insecure_random_seed(0x6b6d30);
-    GuestState { wasi: b.build(), table: ResourceTable::new() }
+    let limits = StoreLimitsBuilder::new().memory_size(limits.memory_bytes).instances(16).build();
+    GuestState { wasi: b.build(), table: ResourceTable::new(), limits }
 }
 
 /// A configured plugin instance.
@@ -127,6 +186,9 @@ pub struct Plugin {
     instance: AggregatePlugin,
     info: PluginInfo,
     identity: PluginIdentity,
+    /// Epochs one call may run.
+    deadline: u64,
+    limits: Limits,
 }
 
 impl Plugin {
@@ -152,10 +214,21 @@ impl Plugin {
         call: &'static str,
         f: impl FnOnce(&AggregateExports, &mut Store<GuestState>) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T> {
+        self.store.set_epoch_deadline(self.deadline);
         match f(self.instance.km0_plugin_aggregate(), &mut self.store) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(reason)) => Err(self.call_error(call, reason)),
-            Err(trap) => Err(self.call_error(call, format!("trapped: {trap:#}"))),
+            Err(trap) if trap.downcast_ref::<Trap>() == Some(&Trap::Interrupt) => Err(self.call_error(
+                call,
+                format!(
+                    "ran longer than its limit of {:?} for one call and was stopped",
+                    self.limits.call_timeout
+                ),
+            )),
+            Err(trap) => Err(self.call_error(
+                call,
+                format!("trapped (memory limit {} MiB): {trap:#}", self.limits.memory_bytes >> 20),
+            )),
         }
     }
 

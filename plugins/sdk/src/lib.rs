@@ -244,6 +244,11 @@ impl Output {
         let value = serde_json::to_string(value).expect("record serializes to JSON");
         self.records.push(wit::Emitted { group: self.group, value });
     }
+
+    /// Emit a value given as JSON text, as is (the host checks it).
+    pub fn emit_raw(&mut self, json: &str) {
+        self.records.push(wit::Emitted { group: self.group, value: json.to_string() });
+    }
 }
 
 fn packed_item(p: &wit::Packed, i: usize) -> &[u8] {

@@ -1,0 +1,127 @@
+//! Misbehaving plugins (plugins/hostile) against the sandbox: a runaway loop is stopped at
+//! its call timeout, unbounded allocation at the memory limit, a panic and garbage output
+//! become errors naming the plugin and the call, and a plugin that reaches for files, the
+//! environment or the network gets nothing. Plus the compiled-component cache.
+
+use km0::job::{self, RunOptions};
+use km0::pipeline::Pipeline;
+use km0::plugin::PluginRuntime;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn plugin(name: &str) -> PathBuf {
+    let p = repo().join(format!("plugins/dist/{name}.wasm"));
+    assert!(p.exists(), "build the plugins first (scripts/build-plugins.sh)");
+    p
+}
+
+/// The golden trace through the hostile plugin with `behaviour`.
+fn run_hostile(behaviour: &str, limits: &str) -> (tempfile::TempDir, km0::Result<job::Summary>) {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = repo().join("examples/stock-alert/data/golden-trace.jsonl");
+    let text = format!(
+        r#"
+name = "hostile"
+key = ["producto"]
+[source]
+kind = "file"
+path = {trace:?}
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = {plugin:?}
+{limits}
+[plugin.config]
+behaviour = "{behaviour}"
+[sink]
+kind = "file"
+path = "out.jsonl"
+[late]
+path = "late.jsonl"
+[dead_letter]
+path = "dead.jsonl"
+"#,
+        trace = trace.display().to_string(),
+        plugin = plugin("hostile").display().to_string(),
+    );
+    let path = dir.path().join("p.toml");
+    std::fs::write(&path, text).unwrap();
+    let p = Pipeline::load(&path).unwrap();
+    let r = job::run(&p, &RunOptions::default(), &PluginRuntime::new().unwrap());
+    (dir, r)
+}
+
+#[test]
+fn an_endless_loop_is_stopped_at_the_call_timeout() {
+    let t = Instant::now();
+    let (_dir, r) = run_hostile("loop", "call_timeout = \"200ms\"");
+    let err = r.expect_err("the job fails instead of hanging").to_string();
+    assert!(
+        err.contains("hostile") && err.contains("add") && err.contains("ran longer than its limit"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "stopped after {:?}", t.elapsed());
+}
+
+#[test]
+fn unbounded_allocation_stops_at_the_memory_limit() {
+    let (_dir, r) = run_hostile("alloc", "max_memory_mb = 128");
+    let err = r.expect_err("the job fails instead of eating the host's memory").to_string();
+    assert!(err.contains("hostile") && err.contains("memory limit 128 MiB"), "{err}");
+}
+
+#[test]
+fn a_panic_and_garbage_output_are_errors_that_name_the_plugin() {
+    let (_dir, r) = run_hostile("panic", "");
+    let err = r.expect_err("a trap fails the job").to_string();
+    assert!(err.contains("plugin hostile") && err.contains("add") && err.contains("trapped"), "{err}");
+    let (_dir, r) = run_hostile("garbage", "");
+    let err = r.expect_err("garbage output fails the job").to_string();
+    assert!(err.contains("finish") && err.contains("not a JSON object"), "{err}");
+}
+
+#[test]
+fn the_sandbox_gives_no_files_environment_or_network() {
+    std::env::set_var("KM0_SECRET_FOR_THE_TEST", "do not leak");
+    let (dir, r) = run_hostile("probe", "");
+    r.unwrap();
+    let out = std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    let v = &first["value"];
+    assert!(v["file"].as_str().unwrap().starts_with("Err"), "{v}");
+    assert!(v["dir"].as_str().unwrap().starts_with("Err"), "{v}");
+    assert!(v["net"].as_str().unwrap().starts_with("Err"), "{v}");
+    assert_eq!(v["env"], 0, "{v}");
+    assert_eq!(v["args"], 0, "{v}");
+    assert!(!out.contains("do not leak"));
+}
+
+#[test]
+fn compiled_components_are_cached_and_a_damaged_artifact_is_replaced() {
+    let cache = tempfile::tempdir().unwrap();
+    let runtime = PluginRuntime::new().unwrap().with_cache(Some(cache.path().to_path_buf()));
+    let wasm = plugin("min-stock");
+    runtime.load(&wasm, &[]).unwrap();
+    let artifacts: Vec<PathBuf> =
+        std::fs::read_dir(cache.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(artifacts.len(), 2, "{artifacts:?}"); // .cwasm and .sha256
+    let cwasm = artifacts.iter().find(|p| p.extension().unwrap() == "cwasm").unwrap();
+    let before = std::fs::read(cwasm).unwrap();
+    // A second load uses the artifact; a damaged one is detected and written again.
+    runtime.load(&wasm, &[]).unwrap();
+    let mut bad = before.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xff;
+    std::fs::write(cwasm, &bad).unwrap();
+    let p = runtime.load(&wasm, &[("threshold".into(), "10".into())]).unwrap();
+    assert_eq!(p.identity().name, "min-stock");
+    assert_eq!(std::fs::read(cwasm).unwrap(), before);
+}

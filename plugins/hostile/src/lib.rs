@@ -1,0 +1,77 @@
+//! A plugin that misbehaves on purpose, for the host's sandbox tests. `behaviour` in its
+//! config picks what it does when events arrive:
+//! - `loop`: never returns; `alloc`: allocates until it cannot; `panic`: panics;
+//! - `garbage`: emits a value that is not JSON;
+//! - `probe`: tries the filesystem, the environment, the clock and the network, and
+//!   reports what it got (a sandboxed plugin gets nothing).
+
+use km0_plugin::{Aggregate, Config, Events, Field, Group, Output};
+use serde::{Deserialize, Serialize};
+
+#[derive(Default, Serialize, Deserialize)]
+pub struct Acc {
+    n: u64,
+}
+
+pub struct Hostile {
+    behaviour: String,
+}
+
+impl Aggregate for Hostile {
+    const NAME: &'static str = "hostile";
+    const STATE_SCHEMA: u32 = 1;
+    const FIELDS: &'static [Field] = &[];
+    type Acc = Acc;
+
+    fn configure(config: &Config) -> Result<Self, String> {
+        config.only(&["behaviour"])?;
+        let behaviour = config.get("behaviour").and_then(|v| v.as_str()).unwrap_or("probe").to_string();
+        Ok(Hostile { behaviour })
+    }
+
+    fn add(&self, acc: &mut Acc, _group: &Group<'_>, events: &Events<'_>) {
+        match self.behaviour.as_str() {
+            "loop" => {
+                let mut x: u64 = events.len() as u64;
+                loop {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            }
+            "alloc" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 64 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "panic" => panic!("hostile plugin panics on purpose"),
+            _ => acc.n += events.len() as u64,
+        }
+    }
+
+    fn merge(&self, acc: &mut Acc, other: Acc) {
+        acc.n += other.n;
+    }
+
+    fn finish(&self, acc: &Acc, group: &Group<'_>, out: &mut Output) {
+        match self.behaviour.as_str() {
+            "garbage" => out.emit_raw("this is {not json"),
+            _ => {
+                let file = std::fs::read_to_string("/etc/passwd").map(|s| s.len()).map_err(|e| e.to_string());
+                let dir = std::fs::read_dir("/").map(|d| d.count()).map_err(|e| e.to_string());
+                let net = std::net::TcpStream::connect("127.0.0.1:9").map(|_| ()).map_err(|e| e.to_string());
+                out.emit(&serde_json::json!({
+                    "key": group.key(0),
+                    "events": acc.n,
+                    "file": format!("{file:?}"),
+                    "dir": format!("{dir:?}"),
+                    "env": std::env::vars().count(),
+                    "args": std::env::args().count(),
+                    "net": format!("{net:?}"),
+                }));
+            }
+        }
+    }
+}
+
+km0_plugin::export_plugin!(Hostile);

@@ -60,6 +60,11 @@ enum Command {
         #[command(flatten)]
         args: RunArgs,
     },
+    /// Plugins: inspect a component.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
     /// Generate a synthetic Kilómetro Cero stream (JSON lines).
     Generate {
         #[command(subcommand)]
@@ -79,6 +84,12 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         repeat: u32,
     },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Print a plugin's name, version, state schema, contract and the fields it reads.
+    Inspect { plugin: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -210,6 +221,21 @@ fn run(cli: Cli) -> Result<()> {
                 g.other,
                 g.bad
             );
+        }
+        Command::Plugin { command: PluginCommand::Inspect { plugin } } => {
+            let runtime = PluginRuntime::new()?;
+            // Inspect without configuring: a plugin may refuse an empty configuration.
+            let p = runtime.inspect(&plugin)?;
+            let id = &p.0;
+            println!("name:          {}", id.name);
+            println!("version:       {}", id.version);
+            println!("state schema:  {}", id.state_schema);
+            println!("contract:      km0:plugin@{} (world aggregate-plugin)", id.contract);
+            println!("sha256:        {}", id.sha256);
+            println!("ordered input: {}", p.1.ordered_input);
+            for f in &p.1.fields {
+                println!("field:         {} ({:?})", f.name, f.type_);
+            }
         }
         Command::Bench { pipeline, events, input, stream, repeat } => {
             bench(&pipeline, events, input, &stream, repeat)?

@@ -63,3 +63,23 @@ fn run_prints_a_summary_and_deploy_refuses_a_downgrade() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("deploy refused") && err.contains("state schema 2"), "{err}");
 }
+
+#[test]
+fn plugin_inspect_describes_a_component() {
+    let out =
+        km0().args(["plugin", "inspect"]).arg(repo().join("plugins/dist/distance.wasm")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "name:          distance",
+        "state schema:  1",
+        "km0:plugin@0.1.0",
+        "ordered input: true",
+        "field:         lat",
+    ] {
+        assert!(text.contains(want), "{want:?} not in {text}");
+    }
+    let out = km0().args(["plugin", "inspect"]).arg(repo().join("README.md")).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a WebAssembly component"));
+}

@@ -130,6 +130,13 @@ impl PluginRuntime {
         self.load_bytes(&path.display().to_string(), &bytes, config, limits)
     }
 
+    /// Identity and self-description of a component, without configuring it.
+    pub fn inspect(&self, path: &Path) -> Result<(PluginIdentity, PluginInfo)> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
+        let p = self.instantiate(&path.display().to_string(), &bytes, Limits::default())?;
+        Ok((p.identity, p.info))
+    }
+
     pub fn load_bytes(
         &self,
         label: &str,
@@ -137,6 +144,17 @@ impl PluginRuntime {
         config: &[(String, String)],
         limits: Limits,
     ) -> Result<Plugin> {
+        let mut p = self.instantiate(label, bytes, limits)?;
+        let api = p.instance.km0_plugin_aggregate();
+        let fail = |message: String| Error::Plugin { plugin: label.to_string(), message };
+        api.call_configure(&mut p.store, config)
+            .map_err(|e| fail(format!("configure trapped: {e:#}")))?
+            .map_err(|reason| fail(format!("refused its configuration: {reason}")))?;
+        Ok(p)
+    }
+
+    /// Compile (or load from the cache), sandbox, instantiate and ask for `info`.
+    fn instantiate(&self, label: &str, bytes: &[u8], limits: Limits) -> Result<Plugin> {
         let fail = |message: String| Error::Plugin { plugin: label.to_string(), message };
         let component = cache::load(&self.engine, self.cache.as_deref(), bytes)
             .map_err(|e| fail(format!("not a WebAssembly component: {e:#}")))?;
@@ -149,11 +167,10 @@ impl PluginRuntime {
                 "does not implement the km0 contract (world km0:plugin/aggregate-plugin@{CONTRACT_VERSION}): {e:#}"
             ))
         })?;
-        let api = instance.km0_plugin_aggregate();
-        let info = api.call_info(&mut store).map_err(|e| fail(format!("info trapped: {e:#}")))?;
-        api.call_configure(&mut store, config)
-            .map_err(|e| fail(format!("configure trapped: {e:#}")))?
-            .map_err(|reason| fail(format!("refused its configuration: {reason}")))?;
+        let info = instance
+            .km0_plugin_aggregate()
+            .call_info(&mut store)
+            .map_err(|e| fail(format!("info trapped: {e:#}")))?;
         let identity = PluginIdentity {
             name: info.name.clone(),
             version: info.version.clone(),

@@ -631,6 +631,18 @@ struct DeadLetter<'a> {
     record: Cow<'a, str>,
 }
 
+/// Events (or a window's result) that a faulty plugin could not take.
+#[derive(Serialize)]
+struct PluginDeadLetter<'a> {
+    reason: &'a str,
+    aggregation: &'a str,
+    key: &'a str,
+    window_start: i64,
+    window_end: i64,
+    /// Empty when the window's result was rejected.
+    event_times: &'a [i64],
+}
+
 #[derive(Serialize)]
 struct LateEvent<'a> {
     reason: &'a str,
@@ -662,15 +674,18 @@ impl Job {
             .zip(plugins)
             .zip(columns)
             .map(|((a, plugin), cols)| {
-                WindowOperator::new(
+                let key_arity = pipeline.key.len();
+                let mut op = WindowOperator::new(
                     &a.name,
                     prefixed,
                     &a.window,
                     plugin,
                     a.plugin.batch_size,
-                    pipeline.key.len(),
+                    key_arity,
                     cols,
-                )
+                );
+                op.set_on_error(a.plugin.on_error);
+                op
             })
             .collect();
         let (idleness, by_field) = match &pipeline.source {
@@ -774,7 +789,7 @@ impl Job {
         if after > wm {
             self.advance(after)?;
         }
-        if !self.results.is_empty() {
+        if !self.results.is_empty() || self.ops.iter().any(|op| op.has_rejected()) {
             self.write_results()?;
         }
         Ok(())
@@ -801,7 +816,27 @@ impl Job {
         Ok(())
     }
 
+    /// Dead-letter what the plugins could not take.
+    fn write_rejected(&mut self) -> Result<()> {
+        for i in 0..self.ops.len() {
+            for r in self.ops[i].take_rejected() {
+                self.dead_lettered += r.event_times.len().max(1) as u64;
+                let d = PluginDeadLetter {
+                    reason: &r.reason,
+                    aggregation: self.ops[i].name(),
+                    key: &r.key,
+                    window_start: r.window.start,
+                    window_end: r.window.end,
+                    event_times: &r.event_times,
+                };
+                write_side(&mut self.dead, &mut self.line_buf, &d)?;
+            }
+        }
+        Ok(())
+    }
+
     fn write_results(&mut self) -> Result<()> {
+        self.write_rejected()?;
         for e in self.results.drain(..) {
             self.line_buf.clear();
             self.line_buf.extend_from_slice(b"{\"key\":");

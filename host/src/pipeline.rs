@@ -128,6 +128,8 @@ pub struct PluginSpec {
     pub batch_size: usize,
     /// CPU time per call and memory of the instance.
     pub limits: crate::plugin::Limits,
+    /// What a plugin fault does to the job.
+    pub on_error: crate::plugin::OnError,
 }
 
 #[derive(Debug, Clone)]
@@ -255,6 +257,8 @@ struct RawPlugin {
     call_timeout: Option<i64>,
     #[serde(default)]
     max_memory_mb: Option<usize>,
+    #[serde(default)]
+    on_error: crate::plugin::OnError,
 }
 
 #[derive(Deserialize)]
@@ -371,7 +375,7 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
         }
         limits.memory_bytes = mb.saturating_mul(1 << 20);
     }
-    Ok(PluginSpec { path: resolve(&p.path), config, batch_size, limits })
+    Ok(PluginSpec { path: resolve(&p.path), config, batch_size, limits, on_error: p.on_error })
 }
 
 impl Pipeline {

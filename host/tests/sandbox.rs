@@ -21,6 +21,14 @@ fn plugin(name: &str) -> PathBuf {
 
 /// The golden trace through the hostile plugin with `behaviour`.
 fn run_hostile(behaviour: &str, limits: &str) -> (tempfile::TempDir, km0::Result<job::Summary>) {
+    run_hostile_with(behaviour, limits, "")
+}
+
+fn run_hostile_with(
+    behaviour: &str,
+    limits: &str,
+    config: &str,
+) -> (tempfile::TempDir, km0::Result<job::Summary>) {
     let dir = tempfile::tempdir().unwrap();
     let trace = repo().join("examples/stock-alert/data/golden-trace.jsonl");
     let text = format!(
@@ -41,6 +49,7 @@ path = {plugin:?}
 {limits}
 [plugin.config]
 behaviour = "{behaviour}"
+{config}
 [sink]
 kind = "file"
 path = "out.jsonl"
@@ -59,33 +68,88 @@ path = "dead.jsonl"
     (dir, r)
 }
 
+/// The reasons in the dead-letter file of a run.
+fn dead_reasons(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("dead.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["reason"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
 #[test]
 fn an_endless_loop_is_stopped_at_the_call_timeout() {
     let t = Instant::now();
-    let (_dir, r) = run_hostile("loop", "call_timeout = \"200ms\"");
+    let (_dir, r) = run_hostile("loop", "call_timeout = \"200ms\"\non_error = \"fail\"");
     let err = r.expect_err("the job fails instead of hanging").to_string();
     assert!(
         err.contains("hostile") && err.contains("add") && err.contains("ran longer than its limit"),
         "{err}"
     );
     assert!(t.elapsed() < Duration::from_secs(10), "stopped after {:?}", t.elapsed());
+    // By default the looping groups are stopped one by one and dead-lettered.
+    let (dir, r) = run_hostile("loop", "call_timeout = \"100ms\"");
+    let s = r.expect("the job goes on");
+    assert_eq!(s.counters.dead_lettered, 10);
+    assert!(dead_reasons(dir.path()).iter().all(|r| r.contains("ran longer than its limit")));
 }
 
 #[test]
 fn unbounded_allocation_stops_at_the_memory_limit() {
-    let (_dir, r) = run_hostile("alloc", "max_memory_mb = 128");
+    let (_dir, r) = run_hostile("alloc", "max_memory_mb = 128\non_error = \"fail\"");
     let err = r.expect_err("the job fails instead of eating the host's memory").to_string();
     assert!(err.contains("hostile") && err.contains("memory limit 128 MiB"), "{err}");
+    let (dir, r) = run_hostile("alloc", "max_memory_mb = 64");
+    assert_eq!(r.expect("the job goes on").counters.dead_lettered, 10);
+    assert!(dead_reasons(dir.path()).iter().all(|r| r.contains("memory limit 64 MiB")));
 }
 
 #[test]
-fn a_panic_and_garbage_output_are_errors_that_name_the_plugin() {
-    let (_dir, r) = run_hostile("panic", "");
+fn with_on_error_fail_a_panic_and_garbage_output_stop_the_job() {
+    let (_dir, r) = run_hostile("panic", "on_error = \"fail\"");
     let err = r.expect_err("a trap fails the job").to_string();
     assert!(err.contains("plugin hostile") && err.contains("add") && err.contains("trapped"), "{err}");
-    let (_dir, r) = run_hostile("garbage", "");
+    let (_dir, r) = run_hostile("garbage", "on_error = \"fail\"");
     let err = r.expect_err("garbage output fails the job").to_string();
     assert!(err.contains("finish") && err.contains("not a JSON object"), "{err}");
+}
+
+#[test]
+fn by_default_a_poison_key_is_dead_lettered_and_the_job_goes_on() {
+    // queso-curado's events make the plugin panic: the batch is retried one group at a
+    // time on fresh instances; queso-curado's 7 accepted events go to the dead letters
+    // with the reason, aceite-arbequina's windows are computed as usual.
+    let (dir, r) = run_hostile_with("panic_on", "", "key = \"queso-curado\"");
+    let s = r.expect("the job goes on");
+    assert_eq!(s.counters.dead_lettered, 7);
+    assert_eq!(s.counters.accepted, 3);
+    let dead: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("dead.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let times: usize = dead.iter().map(|d| d["event_times"].as_array().unwrap().len()).sum();
+    assert_eq!(times, 7);
+    assert!(dead
+        .iter()
+        .all(|d| d["key"] == "queso-curado" && d["reason"].as_str().unwrap().contains("trapped")));
+    let out = std::fs::read_to_string(dir.path().join("out.jsonl")).unwrap();
+    let aceite: u64 = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["value"]["key"] == "aceite-arbequina")
+        .map(|v| v["value"]["events"].as_u64().unwrap())
+        .sum();
+    assert_eq!(aceite, 3);
+    // Garbage results are dead-lettered per window, with the reason.
+    let (dir, r) = run_hostile("garbage", "");
+    let s = r.expect("the job goes on");
+    assert_eq!(s.counters.emitted, 0);
+    let dead = std::fs::read_to_string(dir.path().join("dead.jsonl")).unwrap();
+    assert_eq!(dead.lines().count() as u64, s.counters.windows_fired);
+    assert!(dead.contains("not a JSON object"));
 }
 
 #[test]

@@ -393,6 +393,39 @@ fn compact<T: Copy>(v: &mut Vec<T>, kept: &[usize]) {
     v.truncate(kept.len());
 }
 
+impl Batch {
+    /// Group `i` of the last assembled call alone, as a call of its own.
+    pub fn single(&self, i: usize) -> (Groups, Events) {
+        let arity = self.groups.key_arity as usize;
+        let mut g = empty_groups(arity as u32);
+        for j in 0..arity {
+            packed_push(&mut g.keys, super::packed_item(&self.groups.keys, i * arity + j));
+        }
+        g.window_start.push(self.groups.window_start[i]);
+        g.window_end.push(self.groups.window_end[i]);
+        packed_push(&mut g.accumulators, super::packed_item(&self.groups.accumulators, i));
+        let s = if i == 0 { 0 } else { self.events.group_ends[i - 1] as usize };
+        let e = self.events.group_ends[i] as usize;
+        let columns = self
+            .events
+            .columns
+            .iter()
+            .map(|c| match c {
+                Column::Int(v) => Column::Int(v[s..e].to_vec()),
+                Column::Float(v) => Column::Float(v[s..e].to_vec()),
+                Column::Boolean(v) => Column::Boolean(v[s..e].to_vec()),
+                Column::Text(p) => Column::Text(packed_of((s..e).map(|r| super::packed_item(p, r)))),
+            })
+            .collect();
+        let events = Events {
+            group_ends: vec![(e - s) as u32],
+            event_time: self.events.event_time[s..e].to_vec(),
+            columns,
+        };
+        (g, events)
+    }
+}
+
 pub fn empty_groups(key_arity: u32) -> Groups {
     Groups {
         keys: empty_packed(),

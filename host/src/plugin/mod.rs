@@ -31,7 +31,7 @@ use bindings::exports::km0::plugin::aggregate::Guest as AggregateExports;
 pub use bindings::km0::plugin::types::{
     Column, Emitted, Events, Field, FieldType, Groups, Packed, PluginInfo,
 };
-use bindings::AggregatePlugin;
+use bindings::{AggregatePlugin, AggregatePluginPre};
 
 /// The contract version this host implements (the `package` version in `wit/`).
 pub const CONTRACT_VERSION: &str = "0.1.0";
@@ -67,6 +67,18 @@ impl Default for Limits {
     fn default() -> Self {
         Limits { call_timeout: Duration::from_secs(10), memory_bytes: 512 << 20 }
     }
+}
+
+/// What happens when a plugin traps, runs out of time or memory, or returns garbage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Stop the job with the error (it restarts from its last checkpoint or savepoint).
+    Fail,
+    /// Recreate the instance, find the groups that fail by calling again one group at a
+    /// time, send their events to the dead-letter output with the reason, and go on.
+    #[default]
+    DeadLetter,
 }
 
 /// How often the engine's epoch advances: the granularity of the call timeout.
@@ -145,11 +157,8 @@ impl PluginRuntime {
         limits: Limits,
     ) -> Result<Plugin> {
         let mut p = self.instantiate(label, bytes, limits)?;
-        let api = p.instance.km0_plugin_aggregate();
-        let fail = |message: String| Error::Plugin { plugin: label.to_string(), message };
-        api.call_configure(&mut p.store, config)
-            .map_err(|e| fail(format!("configure trapped: {e:#}")))?
-            .map_err(|reason| fail(format!("refused its configuration: {reason}")))?;
+        p.config = config.to_vec();
+        p.configure().map_err(|message| Error::Plugin { plugin: label.to_string(), message })?;
         Ok(p)
     }
 
@@ -162,11 +171,14 @@ impl PluginRuntime {
         store.limiter(|s| &mut s.limits);
         let deadline = (limits.call_timeout.as_millis() / EPOCH.as_millis()).max(1) as u64;
         store.set_epoch_deadline(deadline);
-        let instance = AggregatePlugin::instantiate(&mut store, &component, &self.linker).map_err(|e| {
+        let contract = |e: wasmtime::Error| {
             fail(format!(
                 "does not implement the km0 contract (world km0:plugin/aggregate-plugin@{CONTRACT_VERSION}): {e:#}"
             ))
-        })?;
+        };
+        let pre = self.linker.instantiate_pre(&component).map_err(contract)?;
+        let pre = AggregatePluginPre::new(pre).map_err(contract)?;
+        let instance = pre.instantiate(&mut store).map_err(contract)?;
         let info = instance
             .km0_plugin_aggregate()
             .call_info(&mut store)
@@ -178,7 +190,7 @@ impl PluginRuntime {
             sha256: hex(&Sha256::digest(bytes)),
             contract: CONTRACT_VERSION.into(),
         };
-        Ok(Plugin { store, instance, info, identity, deadline, limits })
+        Ok(Plugin { store, instance, info, identity, deadline, limits, pre, config: Vec::new() })
     }
 }
 
@@ -206,6 +218,9 @@ pub struct Plugin {
     /// Epochs one call may run.
     deadline: u64,
     limits: Limits,
+    /// To make a fresh instance after a trap.
+    pre: AggregatePluginPre<GuestState>,
+    config: Vec<(String, String)>,
 }
 
 impl Plugin {
@@ -215,6 +230,29 @@ impl Plugin {
 
     pub fn identity(&self) -> &PluginIdentity {
         &self.identity
+    }
+
+    fn configure(&mut self) -> std::result::Result<(), String> {
+        self.store.set_epoch_deadline(self.deadline);
+        self.instance
+            .km0_plugin_aggregate()
+            .call_configure(&mut self.store, &self.config)
+            .map_err(|e| format!("configure trapped: {e:#}"))?
+            .map_err(|reason| format!("refused its configuration: {reason}"))
+    }
+
+    /// Replace the instance with a fresh, configured one (after a trap an instance cannot
+    /// be entered again). State lives in the host, so nothing is lost.
+    pub fn reset(&mut self) -> Result<()> {
+        let engine = self.store.engine().clone();
+        let mut store = Store::new(&engine, sandbox(&self.limits));
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(self.deadline);
+        let instance =
+            self.pre.instantiate(&mut store).map_err(|e| self.call_error("reset", format!("{e:#}")))?;
+        self.store = store;
+        self.instance = instance;
+        self.configure().map_err(|m| self.call_error("configure", m))
     }
 
     fn call_error(&self, call: &'static str, message: String) -> Error {

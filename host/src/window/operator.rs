@@ -14,7 +14,7 @@
 use super::{Assigner, Window};
 use crate::pipeline::WindowSpec;
 use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, Row, Value};
-use crate::plugin::{packed_item, FieldType, Groups, Plugin, PluginIdentity};
+use crate::plugin::{packed_item, FieldType, Groups, OnError, Plugin, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::{KeyTable, Timer, TimerKind, WindowState};
 use crate::{Error, Result};
@@ -56,6 +56,18 @@ pub enum Verdict {
     },
     /// The key, seen for the first time, is not valid UTF-8 (nothing was changed).
     InvalidKey,
+}
+
+/// Events (or a window's result) a faulty plugin could not take, for the dead-letter
+/// output.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    /// Key fields joined by '|'.
+    pub key: String,
+    pub window: Window,
+    /// Event times of the rejected events (empty: the window's result was rejected).
+    pub event_times: Vec<i64>,
+    pub reason: String,
 }
 
 /// One saved slot. `key` is encoded as in [`crate::state::KeyTable`]: each field a
@@ -119,6 +131,8 @@ pub struct WindowOperator {
     /// Slots removed since the last checkpoint (encoded key, slot id), when a backend
     /// keeps an incremental copy.
     removed: Option<Vec<(Vec<u8>, i64)>>,
+    on_error: OnError,
+    rejected: Vec<Rejected>,
 }
 
 impl WindowOperator {
@@ -151,11 +165,32 @@ impl WindowOperator {
             fire_groups: empty_groups(key_arity as u32),
             counters: OperatorCounters::default(),
             removed: None,
+            on_error: OnError::default(),
+            rejected: Vec::new(),
         }
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// What a plugin fault does (default: dead-letter the affected events).
+    pub fn set_on_error(&mut self, on_error: OnError) {
+        self.on_error = on_error;
+    }
+
+    #[inline]
+    pub fn has_rejected(&self) -> bool {
+        !self.rejected.is_empty()
+    }
+
+    /// Events and results the plugin could not take since the last call.
+    pub fn take_rejected(&mut self) -> Vec<Rejected> {
+        std::mem::take(&mut self.rejected)
+    }
+
+    fn key_text(&self, key: u32) -> String {
+        self.keys.fields(key).collect::<Vec<_>>().join("|")
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -519,9 +554,42 @@ impl WindowOperator {
         if groups.is_empty() {
             return Ok(());
         }
-        let accs = self.plugin.add(&self.batch.groups, &self.batch.events)?;
+        let accs = match self.plugin.add(&self.batch.groups, &self.batch.events) {
+            Ok(accs) => accs,
+            Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
+                tracing::warn!(error = %e, "plugin fault: isolating the groups of the batch");
+                return self.add_one_by_one(&groups);
+            }
+            Err(e) => return Err(e),
+        };
         for (i, (key, id)) in groups.into_iter().enumerate() {
             self.state.set_acc(key, id, packed_item(&accs, i));
+        }
+        Ok(())
+    }
+
+    /// After a fault: a fresh instance, then one call per group; the groups that fail
+    /// again are dead-lettered (their accumulators stay as they were).
+    fn add_one_by_one(&mut self, groups: &[(u32, i64)]) -> Result<()> {
+        self.plugin.reset()?;
+        for (i, &(key, id)) in groups.iter().enumerate() {
+            let (g, ev) = self.batch.single(i);
+            match self.plugin.add(&g, &ev) {
+                Ok(acc) => self.state.set_acc(key, id, packed_item(&acc, 0)),
+                Err(e @ Error::PluginCall { .. }) => {
+                    self.plugin.reset()?;
+                    self.counters.accepted -= ev.event_time.len() as u64;
+                    let window = Window { start: g.window_start[0], end: g.window_end[0] };
+                    let key = self.key_text(key);
+                    self.rejected.push(Rejected {
+                        key,
+                        window,
+                        event_times: ev.event_time,
+                        reason: e.to_string(),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -618,11 +686,30 @@ impl WindowOperator {
                 &self.keys,
                 chunk.iter().map(|(k, w, a)| (*k, *w, a.as_slice())),
             );
-            let emitted = self.plugin.finish(&self.fire_groups)?;
+            let emitted = match self.plugin.finish(&self.fire_groups) {
+                Ok(e) => e,
+                Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
+                    self.finish_one_by_one(chunk, &e)?
+                }
+                Err(e) => return Err(e),
+            };
             self.counters.windows_fired += chunk.len() as u64;
             for e in emitted {
                 let (k, w, _) = &chunk[e.group as usize];
-                let value = self.check_value(e.value)?;
+                let value = match self.check_value(e.value) {
+                    Ok(v) => v,
+                    Err(err) if self.on_error == OnError::DeadLetter => {
+                        let key = self.key_text(*k);
+                        self.rejected.push(Rejected {
+                            key,
+                            window: *w,
+                            event_times: Vec::new(),
+                            reason: err.to_string(),
+                        });
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                };
                 let mut key = if self.prefixed { format!("{}|", self.name) } else { String::new() };
                 key.push_str(&w.start.to_string());
                 for f in self.keys.fields(*k) {
@@ -634,6 +721,39 @@ impl WindowOperator {
             }
         }
         Ok(())
+    }
+
+    /// After a fault in `finish`: a fresh instance and one call per window; the windows
+    /// that fail again are dead-lettered.
+    fn finish_one_by_one(
+        &mut self,
+        chunk: &[(u32, Window, Vec<u8>)],
+        first: &Error,
+    ) -> Result<Vec<crate::plugin::Emitted>> {
+        tracing::warn!(error = %first, "plugin fault in finish: isolating the windows");
+        self.plugin.reset()?;
+        let mut out = Vec::new();
+        for (i, (k, w, acc)) in chunk.iter().enumerate() {
+            fill_groups(&mut self.fire_groups, &self.keys, std::iter::once((*k, *w, acc.as_slice())));
+            match self.plugin.finish(&self.fire_groups) {
+                Ok(records) => out.extend(records.into_iter().map(|mut r| {
+                    r.group = i as u32;
+                    r
+                })),
+                Err(e @ Error::PluginCall { .. }) => {
+                    self.plugin.reset()?;
+                    let key = self.key_text(*k);
+                    self.rejected.push(Rejected {
+                        key,
+                        window: *w,
+                        event_times: Vec::new(),
+                        reason: e.to_string(),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     /// Merge each sliding window's panes, earliest first, in rounds of batched calls.

@@ -1,6 +1,7 @@
 //! A plugin that misbehaves on purpose, for the host's sandbox tests. `behaviour` in its
 //! config picks what it does when events arrive:
 //! - `loop`: never returns; `alloc`: allocates until it cannot; `panic`: panics;
+//! - `panic_on`: panics only on the events of the key given as `key`;
 //! - `garbage`: emits a value that is not JSON;
 //! - `probe`: tries the filesystem, the environment, the clock and the network, and
 //!   reports what it got (a sandboxed plugin gets nothing).
@@ -15,6 +16,8 @@ pub struct Acc {
 
 pub struct Hostile {
     behaviour: String,
+    /// With `panic_on`: the key whose events make it panic.
+    key: String,
 }
 
 impl Aggregate for Hostile {
@@ -24,12 +27,13 @@ impl Aggregate for Hostile {
     type Acc = Acc;
 
     fn configure(config: &Config) -> Result<Self, String> {
-        config.only(&["behaviour"])?;
-        let behaviour = config.get("behaviour").and_then(|v| v.as_str()).unwrap_or("probe").to_string();
-        Ok(Hostile { behaviour })
+        config.only(&["behaviour", "key"])?;
+        let text = |name: &str| config.get(name).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let behaviour = Some(text("behaviour")).filter(|b| !b.is_empty()).unwrap_or_else(|| "probe".into());
+        Ok(Hostile { behaviour, key: text("key") })
     }
 
-    fn add(&self, acc: &mut Acc, _group: &Group<'_>, events: &Events<'_>) {
+    fn add(&self, acc: &mut Acc, group: &Group<'_>, events: &Events<'_>) {
         match self.behaviour.as_str() {
             "loop" => {
                 let mut x: u64 = events.len() as u64;
@@ -45,6 +49,7 @@ impl Aggregate for Hostile {
                 }
             }
             "panic" => panic!("hostile plugin panics on purpose"),
+            "panic_on" if group.key(0) == self.key => panic!("hostile plugin panics on key {}", self.key),
             _ => acc.n += events.len() as u64,
         }
     }

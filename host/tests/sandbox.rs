@@ -189,3 +189,16 @@ fn compiled_components_are_cached_and_a_damaged_artifact_is_replaced() {
     assert_eq!(p.identity().name, "min-stock");
     assert_eq!(std::fs::read(cwasm).unwrap(), before);
 }
+
+#[test]
+fn a_4_gb_allocation_and_an_oversized_result_are_refused() {
+    let (dir, r) = run_hostile("alloc_4g", "");
+    assert_eq!(r.expect("the job goes on").counters.dead_lettered, 10);
+    assert!(dead_reasons(dir.path()).iter().all(|r| r.contains("memory limit 512 MiB")));
+    let (dir, r) = run_hostile("huge", "");
+    let s = r.expect("the job goes on");
+    assert_eq!(s.counters.emitted, 0);
+    let reasons = dead_reasons(dir.path());
+    assert_eq!(reasons.len() as u64, s.counters.windows_fired);
+    assert!(reasons.iter().all(|r| r.contains("the limit is 1048576")), "{reasons:?}");
+}

@@ -24,6 +24,9 @@ use std::collections::HashMap;
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// Largest result record a plugin may emit (its JSON text).
+pub const MAX_RESULT_BYTES: usize = 1 << 20;
+
 /// What one aggregation did, cumulative across savepoint resumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatorCounters {
@@ -789,13 +792,19 @@ impl WindowOperator {
         Ok(windows)
     }
 
-    /// A result value must be one JSON object on one line.
+    /// A result value must be one JSON object on one line, of at most [`MAX_RESULT_BYTES`].
     fn check_value(&self, value: String) -> Result<String> {
         let bad = |m: String| Error::PluginCall {
             plugin: self.identity().name.clone(),
             call: "finish",
             message: m,
         };
+        if value.len() > MAX_RESULT_BYTES {
+            return Err(bad(format!(
+                "emitted a result of {} bytes; the limit is {MAX_RESULT_BYTES}",
+                value.len()
+            )));
+        }
         if !value.trim_start().starts_with('{') {
             return Err(bad(format!("emitted a value that is not a JSON object: {value:.200}")));
         }

@@ -2,7 +2,8 @@
 //! config picks what it does when events arrive:
 //! - `loop`: never returns; `alloc`: allocates until it cannot; `panic`: panics;
 //! - `panic_on`: panics only on the events of the key given as `key`;
-//! - `garbage`: emits a value that is not JSON;
+//! - `alloc_4g`: asks for one allocation of almost 4 GB;
+//! - `garbage`: emits a value that is not JSON; `huge`: emits a 2 MB record;
 //! - `probe`: tries the filesystem, the environment, the clock and the network, and
 //!   reports what it got (a sandboxed plugin gets nothing).
 
@@ -41,6 +42,11 @@ impl Aggregate for Hostile {
                     x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
                 }
             }
+            "alloc_4g" => {
+                // One allocation of almost all of a 32-bit address space.
+                let big = vec![1u8; u32::MAX as usize - (64 << 20)];
+                acc.n += std::hint::black_box(&big).len() as u64;
+            }
             "alloc" => {
                 let mut hoard: Vec<Vec<u8>> = Vec::new();
                 loop {
@@ -61,6 +67,7 @@ impl Aggregate for Hostile {
     fn finish(&self, acc: &Acc, group: &Group<'_>, out: &mut Output) {
         match self.behaviour.as_str() {
             "garbage" => out.emit_raw("this is {not json"),
+            "huge" => out.emit(&serde_json::json!({ "key": group.key(0), "blob": "x".repeat(2 << 20) })),
             _ => {
                 let file = std::fs::read_to_string("/etc/passwd").map(|s| s.len()).map_err(|e| e.to_string());
                 let dir = std::fs::read_dir("/").map(|d| d.count()).map_err(|e| e.to_string());

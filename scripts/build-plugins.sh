@@ -16,3 +16,22 @@ for wasm in "$CARGO_TARGET_DIR"/wasm32-wasip2/release/*.wasm; do
   cp "$wasm" "plugins/dist/$name.wasm"
   echo "   plugins/dist/$name.wasm ($(wc -c < "$wasm") bytes)"
 done
+
+# Plugins in Python: componentize-py (PyPI) turns plugins/python/<name>/aggregate.py, with
+# the helper plugins/python/km0_sdk.py, into a component.
+if ! command -v componentize-py >/dev/null 2>&1; then
+  echo "== installing componentize-py (PyPI)"
+  python3 -m pip install --quiet "componentize-py==0.25.1" \
+    || { echo "km0: componentize-py could not be installed: the Python plugins cannot be built" >&2; exit 1; }
+fi
+for src in plugins/python/*/aggregate.py; do
+  dir=$(dirname "$src")
+  name=$(basename "$dir")
+  out="plugins/dist/$name-py.wasm"
+  # Rebuild only when a source changed (componentizing takes ~10 s).
+  if [ ! -f "$out" ] || [ -n "$(find "$dir" plugins/python/km0_sdk.py wit -newer "$out" -print -quit)" ]; then
+    componentize-py --wit-path wit --world aggregate-plugin componentize \
+      -p "$dir" -p plugins/python aggregate -o "$out" >/dev/null
+  fi
+  echo "   $out ($(wc -c < "$out") bytes)"
+done

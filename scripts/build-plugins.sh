@@ -35,3 +35,20 @@ for src in plugins/python/*/aggregate.py; do
   fi
   echo "   $out ($(wc -c < "$out") bytes)"
 done
+
+# Plugins in JavaScript: componentize-js (npm), through its API (plugins/js/build.mjs).
+if [ -n "$(ls plugins/js/*/aggregate.js 2>/dev/null)" ]; then
+  command -v npm >/dev/null 2>&1 || { echo "km0: node and npm are needed to build the JavaScript plugins" >&2; exit 1; }
+  if [ ! -d plugins/js/node_modules/@bytecodealliance/componentize-js ]; then
+    echo "== installing componentize-js (npm)"
+    (cd plugins/js && npm install --silent --no-audit --no-fund)
+  fi
+  for src in plugins/js/*/aggregate.js; do
+    name=$(basename "$(dirname "$src")")
+    out="plugins/dist/$name-js.wasm"
+    if [ ! -f "$out" ] || [ -n "$(find "$(dirname "$src")" plugins/js/km0_sdk.js plugins/js/build.mjs wit -newer "$out" -print -quit)" ]; then
+      node plugins/js/build.mjs "$src" wit "$out"
+    fi
+    echo "   $out ($(wc -c < "$out") bytes)"
+  done
+fi

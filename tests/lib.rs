@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// Repository root.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(&manifest_dir()).parent().expect("tests/ has a parent").to_path_buf()
 }
 
 /// A plugin component built by `scripts/build-plugins.sh` (into `plugins/dist/`).
@@ -603,4 +603,10 @@ pub mod model {
             }
         }
     }
+}
+
+/// The crate's folder: cargo's run-time value first (a target folder shared by several
+/// checkouts may hold a binary built in another one), the build-time one otherwise.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }

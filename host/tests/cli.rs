@@ -8,7 +8,7 @@ fn km0() -> Command {
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(&manifest_dir()).parent().unwrap().to_path_buf()
 }
 
 fn example() -> PathBuf {
@@ -82,4 +82,10 @@ fn plugin_inspect_describes_a_component() {
     let out = km0().args(["plugin", "inspect"]).arg(repo().join("README.md")).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a WebAssembly component"));
+}
+
+/// The crate's folder: cargo's run-time value first (a target folder shared by several
+/// checkouts may hold a binary built in another one), the build-time one otherwise.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }

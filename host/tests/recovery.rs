@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(&manifest_dir()).parent().unwrap().to_path_buf()
 }
 
 fn plugin() -> PathBuf {
@@ -290,4 +290,10 @@ fn a_new_plugin_version_deploys_from_a_checkpoint() {
         last.lines().last().unwrap().contains("suma_delta"),
         "the new version writes the results after it"
     );
+}
+
+/// The crate's folder: cargo's run-time value first (a target folder shared by several
+/// checkouts may hold a binary built in another one), the build-time one otherwise.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }

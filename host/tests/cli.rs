@@ -1,14 +1,13 @@
 //! The `km0` binary at its edge: exit codes and messages a user sees.
 
+mod common;
+use common::*;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn km0() -> Command {
     Command::new(env!("CARGO_BIN_EXE_km0"))
-}
-
-fn repo() -> PathBuf {
-    Path::new(&manifest_dir()).parent().unwrap().to_path_buf()
 }
 
 fn example() -> PathBuf {
@@ -82,10 +81,4 @@ fn plugin_inspect_describes_a_component() {
     let out = km0().args(["plugin", "inspect"]).arg(repo().join("README.md")).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a WebAssembly component"));
-}
-
-/// The crate's folder: cargo's run-time value first (a target folder shared by several
-/// checkouts may hold a binary built in another one), the build-time one otherwise.
-fn manifest_dir() -> String {
-    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }

@@ -4,6 +4,9 @@
 //! counted twice: the alerts' counts would differ). And a corrupt newest checkpoint is
 //! detected and the previous one used.
 
+mod common;
+use common::*;
+
 use km0::generate::{stock_stream, StockStream};
 use km0::job::{self, RunOptions};
 use km0::pipeline::Pipeline;
@@ -12,16 +15,6 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(&manifest_dir()).parent().unwrap().to_path_buf()
-}
-
-fn plugin() -> PathBuf {
-    let p = repo().join("plugins/dist/min-stock.wasm");
-    assert!(p.exists(), "build the plugins first (scripts/build-plugins.sh)");
-    p
-}
 
 /// A stock-alert pipeline over `input` writing under `out/`, with checkpoints.
 fn pipeline(dir: &Path, input: &Path, out: &str, checkpoints: &str) -> PathBuf {
@@ -54,7 +47,7 @@ path = "{out}/dead.jsonl"
 {checkpoints}
 "#,
         input = input.display().to_string(),
-        plugin = plugin().display().to_string(),
+        plugin = plugin("min-stock").display().to_string(),
     );
     let path = dir.join(format!("{out}.toml"));
     std::fs::write(&path, text).unwrap();
@@ -290,10 +283,4 @@ fn a_new_plugin_version_deploys_from_a_checkpoint() {
         last.lines().last().unwrap().contains("suma_delta"),
         "the new version writes the results after it"
     );
-}
-
-/// The crate's folder: cargo's run-time value first (a target folder shared by several
-/// checkouts may hold a binary built in another one), the build-time one otherwise.
-fn manifest_dir() -> String {
-    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }

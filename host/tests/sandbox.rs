@@ -3,21 +3,14 @@
 //! become errors naming the plugin and the call, and a plugin that reaches for files, the
 //! environment or the network gets nothing. Plus the compiled-component cache.
 
+mod common;
+use common::*;
+
 use km0::job::{self, RunOptions};
 use km0::pipeline::Pipeline;
 use km0::plugin::PluginRuntime;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-fn repo() -> PathBuf {
-    Path::new(&manifest_dir()).parent().unwrap().to_path_buf()
-}
-
-fn plugin(name: &str) -> PathBuf {
-    let p = repo().join(format!("plugins/dist/{name}.wasm"));
-    assert!(p.exists(), "build the plugins first (scripts/build-plugins.sh)");
-    p
-}
 
 /// The golden trace through the hostile plugin with `behaviour`.
 fn run_hostile(behaviour: &str, limits: &str) -> (tempfile::TempDir, km0::Result<job::Summary>) {
@@ -201,10 +194,4 @@ fn a_4_gb_allocation_and_an_oversized_result_are_refused() {
     let reasons = dead_reasons(dir.path());
     assert_eq!(reasons.len() as u64, s.counters.windows_fired);
     assert!(reasons.iter().all(|r| r.contains("the limit is 1048576")), "{reasons:?}");
-}
-
-/// The crate's folder: cargo's run-time value first (a target folder shared by several
-/// checkouts may hold a binary built in another one), the build-time one otherwise.
-fn manifest_dir() -> String {
-    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }

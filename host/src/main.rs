@@ -1,4 +1,6 @@
-//! The `km0` command line: run, validate, deploy, generate, bench.
+//! The `km0` command line: run, validate, deploy, plugin authoring, generate, bench.
+
+mod authoring;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -60,7 +62,7 @@ enum Command {
         #[command(flatten)]
         args: RunArgs,
     },
-    /// Plugins: inspect a component.
+    /// Plugins: scaffold, build, test and inspect.
     Plugin {
         #[command(subcommand)]
         command: PluginCommand,
@@ -88,6 +90,25 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PluginCommand {
+    /// Start a plugin project NAME (logic, SDK, WIT contract and a test case) in DIR.
+    New {
+        name: String,
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: authoring::Lang,
+        /// The folder to create the project in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Build a plugin project into PATH/dist/<folder name>.wasm and inspect the result.
+    Build {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+    },
+    /// Build a plugin project and run its test case (PATH/test) through km0.
+    Test {
+        #[arg(default_value = ".")]
+        path: PathBuf,
+    },
     /// Print a plugin's name, version, state schema, contract and the fields it reads.
     Inspect { plugin: PathBuf },
 }
@@ -222,24 +243,46 @@ fn run(cli: Cli) -> Result<()> {
                 g.bad
             );
         }
+        Command::Plugin { command: PluginCommand::New { name, lang, dir } } => {
+            let project = authoring::new(&name, lang, &dir)?;
+            println!("created {} ({lang} plugin)", project.display());
+            println!("next: km0 plugin test {}", project.display());
+        }
+        Command::Plugin { command: PluginCommand::Build { path } } => {
+            let wasm = authoring::build(&path)?;
+            println!("built {}", wasm.display());
+            print_plugin(&PluginRuntime::new()?, &wasm)?;
+        }
+        Command::Plugin { command: PluginCommand::Test { path } } => {
+            let report = authoring::test(&path, &PluginRuntime::new()?)?;
+            println!(
+                "ok: {} results as expected ({} late, {} dead-lettered)",
+                report.results, report.late, report.dead_lettered
+            );
+        }
         Command::Plugin { command: PluginCommand::Inspect { plugin } } => {
-            let runtime = PluginRuntime::new()?;
-            // Inspect without configuring: a plugin may refuse an empty configuration.
-            let p = runtime.inspect(&plugin)?;
-            let id = &p.0;
-            println!("name:          {}", id.name);
-            println!("version:       {}", id.version);
-            println!("state schema:  {}", id.state_schema);
-            println!("contract:      km0:plugin@{} (world aggregate-plugin)", id.contract);
-            println!("sha256:        {}", id.sha256);
-            println!("ordered input: {}", p.1.ordered_input);
-            for f in &p.1.fields {
-                println!("field:         {} ({:?})", f.name, f.type_);
-            }
+            print_plugin(&PluginRuntime::new()?, &plugin)?
         }
         Command::Bench { pipeline, events, input, stream, repeat } => {
             bench(&pipeline, events, input, &stream, repeat)?
         }
+    }
+    Ok(())
+}
+
+/// A plugin's identity and the fields it reads (inspected without configuring it: a plugin
+/// may refuse an empty configuration).
+fn print_plugin(runtime: &PluginRuntime, plugin: &Path) -> Result<()> {
+    let (id, info) = runtime.inspect(plugin)?;
+    println!("name:          {}", id.name);
+    println!("version:       {}", id.version);
+    println!("state schema:  {}", id.state_schema);
+    println!("contract:      km0:plugin@{} (world aggregate-plugin)", id.contract);
+    println!("sha256:        {}", id.sha256);
+    println!("ordered input: {}", info.ordered_input);
+    for f in &info.fields {
+        let ty = format!("{:?}", f.type_);
+        println!("field:         {} ({})", f.name, ty.trim_start_matches("FieldType::").to_lowercase());
     }
     Ok(())
 }

@@ -1,16 +1,22 @@
 // Build a JavaScript plugin into a component with componentize-js's API:
-//   node plugins/js/build.mjs plugins/js/<name>/aggregate.js wit out.wasm
-// The plugin's import of ../km0_sdk.js is inlined first (one self-contained module).
+//   node build.mjs path/to/aggregate.js path/to/wit out.wasm
+// The plugin's import of km0_sdk.js (a path relative to the plugin) is inlined first, so
+// componentize-js sees one self-contained module.
 import { componentize } from '@bytecodealliance/componentize-js';
 import { readFile, writeFile, mkdtemp } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 
 const [sourcePath, witPath, out] = process.argv.slice(2);
-const sdk = (await readFile(join(dirname(sourcePath), '..', 'km0_sdk.js'), 'utf8')).replace(/^export /gm, '');
-const plugin = (await readFile(sourcePath, 'utf8')).replace(/^import .* from '\.\.\/km0_sdk\.js';$/m, '');
+const sdkImport = /^import .* from '([^']*km0_sdk\.js)';$/m;
+let plugin = await readFile(sourcePath, 'utf8');
+const found = plugin.match(sdkImport);
+if (found) {
+  const sdk = await readFile(resolve(dirname(sourcePath), found[1]), 'utf8');
+  plugin = `${sdk.replace(/^export /gm, '')}\n${plugin.replace(sdkImport, '')}`;
+}
 const bundled = join(await mkdtemp(join(tmpdir(), 'km0-js-')), 'aggregate.js');
-await writeFile(bundled, `${sdk}\n${plugin}`);
+await writeFile(bundled, plugin);
 const { component } = await componentize({
   sourcePath: bundled,
   witPath,

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Run every test: build the WASM plugins from plugins/, then the workspace's unit and
-# end-to-end tests (release profile, shared target folder), then the format check.
+# Run every test: build the WASM plugins from plugins/, install the broker (tansu) and
+# PostgreSQL that the Kafka tests start, then the workspace's unit and end-to-end tests
+# (release profile, shared target folder), then the format check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
 ./scripts/setup.sh
 start=$(date +%s)
 ./scripts/build-plugins.sh
+# Services the Kafka and PostgreSQL tests start for themselves (on loopback).
+KM0_TANSU=$(./scripts/install-tansu.sh)
+export KM0_TANSU
+./scripts/install-postgres.sh
 echo "== cargo test (release)"
 cargo test --release --locked --workspace
 echo "== cargo fmt --check"

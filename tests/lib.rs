@@ -1,6 +1,8 @@
 //! Helpers for km0's end-to-end tests: real plugins built from `plugins/`, pipelines
 //! written into temporary folders, and small reference models to compare against.
 
+pub mod services;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -609,4 +611,13 @@ pub mod model {
 /// checkouts may hold a binary built in another one), the build-time one otherwise.
 fn manifest_dir() -> String {
     std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
+}
+
+/// The `km0` binary that `cargo test --workspace` built beside this test executable.
+pub fn km0_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let bin = dir.join("km0");
+    assert!(bin.is_file(), "{} not built: run the tests with `cargo test --workspace`", bin.display());
+    bin
 }

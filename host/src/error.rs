@@ -34,6 +34,14 @@ pub enum Error {
     #[error("deploy refused: {0}")]
     Deploy(String),
 
+    /// A Kafka client could not do its part (connect, read, write, commit).
+    #[error("kafka ({brokers}): {message}")]
+    Kafka { brokers: String, message: String },
+
+    /// The PostgreSQL sink could not do its part.
+    #[error("postgres sink ({table}): {message}")]
+    Postgres { table: String, message: String },
+
     /// Bad command-line or runtime usage.
     #[error("{0}")]
     Usage(String),

@@ -8,12 +8,14 @@
 use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile};
 use crate::checkpoint::store::{self, LocalStore, SnapshotStore};
 use crate::checkpoint::{OperatorMeta, Savepoint, SavepointMeta};
-use crate::pipeline::{Backend, CheckpointSpec, Pipeline, SinkSpec, SourceSpec};
+use crate::pipeline::{Backend, CheckpointSpec, DeadLetterSpec, Pipeline, SinkSpec};
 use crate::plugin::{Plugin, PluginIdentity, PluginRuntime};
-use crate::sink::JsonlSink;
-use crate::source::file::FileSource;
+use crate::sink::kafka::KafkaSink;
+use crate::sink::postgres::PostgresSink;
+use crate::sink::{DeadLetterSink, JsonlSink, ResultSink};
 use crate::source::json::{short_eq, Projection, Scalar};
-use crate::source::Position;
+use crate::source::kafka::PartitionLag;
+use crate::source::{Position, Source, SourcePosition};
 use crate::state::push_key_field;
 use crate::state::rocks::{Changes, RocksState};
 use crate::time::{Idleness, Watermarks};
@@ -110,7 +112,16 @@ pub struct Summary {
     pub checkpoint_pause_total: Duration,
     /// How long processing stopped to write the final savepoint.
     pub savepoint_pause: Duration,
+    /// Consumer lag per partition at the end of the run (Kafka sources).
+    pub lag: Vec<PartitionLag>,
+    /// Times the source was paused because a sink was behind (backpressure).
+    pub backpressure_pauses: u64,
 }
+
+/// A Kafka sink with more records than this unacknowledged pauses the source...
+const BACKLOG_HIGH: usize = 50_000;
+/// ... until it is down to this.
+const BACKLOG_LOW: usize = 10_000;
 
 /// How the job's plugins relate to the state it starts from.
 enum Upgrade {
@@ -211,13 +222,8 @@ fn start(
     restore_started: Instant,
 ) -> Result<Summary> {
     let mut job = Job::new(pipeline, plugins)?;
-    let (paths, partitioning, follow) = match &pipeline.source {
-        SourceSpec::File { paths, partitioning, follow } => match &opts.input {
-            Some(p) => (vec![p.clone()], partitioning.clone(), *follow),
-            None => (paths.clone(), partitioning.clone(), *follow),
-        },
-    };
-    let follow = opts.follow.unwrap_or(follow);
+    let partitioning = pipeline.source.partitioning().clone();
+    let follow = Source::unbounded(&pipeline.source, opts.follow);
     let recovered_from = restore.as_ref().and_then(|r| r.checkpoint).map(|n| format!("chk-{n:06}"));
     let restore = restore.map(|r| r.savepoint);
     let mut migrated = Vec::new();
@@ -225,7 +231,12 @@ fn start(
         migrated = job.restore(pipeline, sp, &upgrade)?;
     }
     let restore_time = if restore.is_some() { restore_started.elapsed() } else { Duration::ZERO };
-    let mut source = FileSource::open_with(&paths, follow, restore.as_ref().map(|sp| &sp.meta.source))?;
+    let mut source = Source::open(
+        &pipeline.source,
+        opts.input.as_ref(),
+        opts.follow,
+        restore.as_ref().map(|sp| &sp.meta.source),
+    )?;
     let mut checkpoints = match &pipeline.checkpoints {
         Some(spec) => {
             let store = LocalStore::open(&spec.dir)?;
@@ -247,6 +258,7 @@ fn start(
                 last: Instant::now(),
                 records_at_last: 0,
                 writing: None,
+                synchronous: false,
             })
         }
         None => None,
@@ -260,13 +272,33 @@ fn start(
     // Sinks are opened only once everything above has been checked.
     let sink_pos =
         |name: &str| restore.as_ref().and_then(|sp| sp.meta.sinks.iter().find(|s| s.name == name).cloned());
+    // A transactional sink's id is stable per job, so a restart fences its predecessor.
+    let txn_id = format!("km0-{}", pipeline.name);
     job.output = Some(match (&opts.output, &pipeline.sink) {
-        (Some(p), _) => JsonlSink::open("output", p, sink_pos("output").as_ref())?,
-        (None, SinkSpec::File { path }) => JsonlSink::open("output", path, sink_pos("output").as_ref())?,
-        (None, SinkSpec::Stdout) => JsonlSink::stdout("output"),
+        (Some(p), _) => ResultSink::Jsonl(JsonlSink::open("output", p, sink_pos("output").as_ref())?),
+        (None, SinkSpec::File { path }) => {
+            ResultSink::Jsonl(JsonlSink::open("output", path, sink_pos("output").as_ref())?)
+        }
+        (None, SinkSpec::Stdout) => ResultSink::Jsonl(JsonlSink::stdout("output")),
+        (None, SinkSpec::Kafka { target, mode }) => {
+            ResultSink::Kafka(KafkaSink::open(target, *mode, &txn_id)?)
+        }
+        (None, SinkSpec::Postgres { url, table }) => {
+            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.name)?)
+        }
     });
+    if let (Some(c), Some(out)) = (checkpoints.as_mut(), job.output.as_ref()) {
+        c.synchronous = out.commits_on_completion();
+    }
     job.late = Some(JsonlSink::open("late", &pipeline.late, sink_pos("late").as_ref())?);
-    job.dead = Some(JsonlSink::open("dead_letter", &pipeline.dead_letter, sink_pos("dead_letter").as_ref())?);
+    job.dead = Some(match &pipeline.dead_letter {
+        DeadLetterSpec::File(path) => {
+            DeadLetterSink::Jsonl(JsonlSink::open("dead_letter", path, sink_pos("dead_letter").as_ref())?)
+        }
+        DeadLetterSpec::Kafka(target) => {
+            DeadLetterSink::Kafka(KafkaSink::open(target, crate::pipeline::KafkaSinkMode::Upsert, &txn_id)?)
+        }
+    });
     job.sources = (0..source.partitions()).map(|p| source.partition_name(p as u32)).collect();
 
     tracing::info!(pipeline = %pipeline.name, partitions = source.partitions(), resumed = restore.is_some(), "job started");
@@ -277,6 +309,7 @@ fn start(
     let mut stopped = stop_after == Some(0);
     let mut stats = CheckpointStats::default();
     let mut idle_loops = 0u32;
+    let mut backpressure_pauses = 0u64;
     while !stopped {
         match source.next_record()? {
             Some((record, pos)) => {
@@ -288,13 +321,28 @@ fn start(
                 if stop_after.is_some_and(|n| read - read_before >= n) {
                     stopped = true;
                 } else if let Some(c) = checkpoints.as_mut().filter(|c| c.due(read)) {
-                    stats.add(c.take(&mut job, pipeline, &source)?);
+                    stats.add(c.take(&mut job, pipeline, &mut source)?);
+                }
+                if read % 1024 == 0 {
+                    if let Some(c) = checkpoints.as_mut() {
+                        c.completed(&mut job, &source, false)?;
+                    }
+                    if job.output.as_ref().is_some_and(|o| o.backlog() > BACKLOG_HIGH) {
+                        backpressure_pauses += 1;
+                        job.drain_output(&mut source)?;
+                    }
                 }
             }
             None if follow => {
-                // Nothing new: checkpoint if due, then wait for the files to grow.
-                if let Some(c) = checkpoints.as_mut().filter(|c| c.due_by_time()) {
-                    stats.add(c.take(&mut job, pipeline, &source)?);
+                // Nothing new: checkpoint if due, then wait for input.
+                for p in source.take_ended() {
+                    job.partition_ended(p)?;
+                }
+                if let Some(c) = checkpoints.as_mut() {
+                    c.completed(&mut job, &source, false)?;
+                    if c.due_by_time() {
+                        stats.add(c.take(&mut job, pipeline, &mut source)?);
+                    }
                 }
                 idle_loops = idle_loops.saturating_add(1);
                 std::thread::sleep(Duration::from_millis(if idle_loops < 10 { 1 } else { 20 }));
@@ -305,7 +353,7 @@ fn start(
         idle_loops = 0;
     }
     if let Some(c) = checkpoints.as_mut() {
-        c.finish()?;
+        c.completed(&mut job, &source, true)?;
     }
     let mut savepoint_path = None;
     let mut savepoint_pause = Duration::ZERO;
@@ -317,6 +365,10 @@ fn start(
         let captured = t.elapsed();
         meta.sinks.iter().try_for_each(crate::sink::sync)?;
         savepoint::write(&path, meta, &snapshots)?;
+        // The savepoint is durable: a transactional sink commits what it covers.
+        if let Some(out) = job.output.as_mut() {
+            out.checkpoint_complete()?;
+        }
         savepoint_pause = t.elapsed();
         tracing::debug!(
             capture_ms = captured.as_millis() as u64,
@@ -331,9 +383,17 @@ fn start(
             op.drain(&mut job.results)?;
         }
         job.write_results()?;
-        for s in [&mut job.output, &mut job.late, &mut job.dead].into_iter().flatten() {
-            s.commit()?;
+        if let Some(out) = job.output.as_mut() {
+            out.commit(job.read)?;
         }
+        if let Some(late) = job.late.as_mut() {
+            late.commit()?;
+        }
+        if let Some(dead) = job.dead.as_mut() {
+            dead.commit()?;
+        }
+        // Everything read is in the sinks: show it to the consumer group.
+        source.checkpoint_complete(&source.position());
     }
     let elapsed = t0.elapsed();
     let cpu = metrics::thread_cpu_time().saturating_sub(cpu0);
@@ -365,6 +425,11 @@ fn start(
         checkpoint_pause_max: stats.max,
         checkpoint_pause_total: stats.total,
         savepoint_pause,
+        lag: source.lag().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not read the consumer lag");
+            Vec::new()
+        }),
+        backpressure_pauses,
     })
 }
 
@@ -395,7 +460,10 @@ struct Checkpointer {
     next: u64,
     last: Instant,
     records_at_last: u64,
-    writing: Option<std::thread::JoinHandle<Result<()>>>,
+    /// The checkpoint being written, with the source position it holds.
+    writing: Option<(std::thread::JoinHandle<Result<()>>, SourcePosition)>,
+    /// Wait for every checkpoint before going on (the sink commits at completion).
+    synchronous: bool,
 }
 
 impl Checkpointer {
@@ -413,11 +481,12 @@ impl Checkpointer {
     }
 
     /// Take a checkpoint; returns how long processing stopped for it.
-    fn take(&mut self, job: &mut Job, pipeline: &Pipeline, source: &FileSource) -> Result<Duration> {
-        self.finish()?;
+    fn take(&mut self, job: &mut Job, pipeline: &Pipeline, source: &mut Source) -> Result<Duration> {
+        self.completed(job, source, true)?;
         let t = Instant::now();
         let (store, n, retain) = (self.store.clone(), self.next, self.spec.retain);
-        self.writing = Some(match &self.rocks {
+        let position = source.position();
+        let writer = match &self.rocks {
             None => {
                 let (meta, snapshots) = job.snapshot(pipeline, source)?;
                 std::thread::spawn(move || {
@@ -448,7 +517,11 @@ impl Checkpointer {
                     Ok(())
                 })
             }
-        });
+        };
+        self.writing = Some((writer, position));
+        if self.synchronous {
+            self.completed(job, source, true)?;
+        }
         let pause = t.elapsed();
         self.next += 1;
         self.last = Instant::now();
@@ -456,12 +529,21 @@ impl Checkpointer {
         Ok(pause)
     }
 
-    /// Wait for the checkpoint being written, if any.
-    fn finish(&mut self) -> Result<()> {
-        match self.writing.take() {
-            Some(h) => h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into()))?,
-            None => Ok(()),
+    /// If the checkpoint being written is complete (with `wait`, once it is), tell the
+    /// source (Kafka commits the offsets to its group) and the sink (a transactional sink
+    /// commits the epoch).
+    fn completed(&mut self, job: &mut Job, source: &Source, wait: bool) -> Result<()> {
+        let done = self.writing.as_ref().is_some_and(|(h, _)| wait || h.is_finished());
+        if !done {
+            return Ok(());
         }
+        let Some((h, position)) = self.writing.take() else { return Ok(()) };
+        h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into()))??;
+        source.checkpoint_complete(&position);
+        if let Some(out) = job.output.as_mut() {
+            out.checkpoint_complete()?;
+        }
+        Ok(())
     }
 }
 
@@ -497,9 +579,7 @@ impl Decoder {
         let time_slot = slot(&pipeline.event_time.field);
         let filters = pipeline.filter.iter().map(|(k, v)| (slot(k), v.clone())).collect();
         let key_slots = pipeline.key.iter().map(|k| slot(k)).collect();
-        let partition_slot = match &pipeline.source {
-            SourceSpec::File { partitioning, .. } => partitioning.field.as_deref().map(&mut slot),
-        };
+        let partition_slot = pipeline.source.partitioning().field.as_deref().map(&mut slot);
         let mut columns = Vec::new();
         for plugin in plugins {
             let mut cols = Vec::new();
@@ -617,9 +697,9 @@ struct Job {
     results: Vec<Emitted>,
     /// Input names by partition, for side outputs.
     sources: Vec<String>,
-    output: Option<JsonlSink>,
+    output: Option<ResultSink>,
     late: Option<JsonlSink>,
-    dead: Option<JsonlSink>,
+    dead: Option<DeadLetterSink>,
 }
 
 #[derive(Serialize)]
@@ -657,11 +737,10 @@ struct LateEvent<'a> {
     record: Cow<'a, str>,
 }
 
-/// Write one record to a side output (late events, dead letters).
-fn write_side(sink: &mut Option<JsonlSink>, buf: &mut Vec<u8>, record: &impl Serialize) -> Result<()> {
+/// Encode one side-output record (late events, dead letters) into `buf`.
+fn encode_side(buf: &mut Vec<u8>, record: &impl Serialize) -> Result<()> {
     buf.clear();
-    serde_json::to_writer(&mut *buf, record).map_err(|e| Error::Usage(format!("encode side output: {e}")))?;
-    sink.as_mut().map_or(Ok(()), |s| s.write_line(buf))
+    serde_json::to_writer(&mut *buf, record).map_err(|e| Error::Usage(format!("encode side output: {e}")))
 }
 
 impl Job {
@@ -688,15 +767,8 @@ impl Job {
                 op
             })
             .collect();
-        let (idleness, by_field) = match &pipeline.source {
-            SourceSpec::File { partitioning: p, .. } => (
-                Idleness {
-                    timeout: p.idle_timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
-                    after_records: p.idle_after_records,
-                },
-                p.field.is_some(),
-            ),
-        };
+        let by_field = pipeline.source.partitioning().field.is_some();
+        let idleness = idleness(pipeline);
         Ok(Job {
             decoder,
             ops,
@@ -829,7 +901,11 @@ impl Job {
                     window_end: r.window.end,
                     event_times: &r.event_times,
                 };
-                write_side(&mut self.dead, &mut self.line_buf, &d)?;
+                encode_side(&mut self.line_buf, &d)?;
+                let origin = [("km0.aggregation", d.aggregation.to_string()), ("km0.key", r.key.clone())];
+                if let Some(dead) = self.dead.as_mut() {
+                    dead.write(&self.line_buf, &self.line_buf, &origin, &r.reason)?;
+                }
             }
         }
         Ok(())
@@ -837,31 +913,43 @@ impl Job {
 
     fn write_results(&mut self) -> Result<()> {
         self.write_rejected()?;
-        for e in self.results.drain(..) {
-            self.line_buf.clear();
-            self.line_buf.extend_from_slice(b"{\"key\":");
-            serde_json::to_writer(&mut self.line_buf, &e.key)
-                .map_err(|err| Error::Usage(format!("encode result key: {err}")))?;
-            self.line_buf.extend_from_slice(b",\"value\":");
-            self.line_buf.extend_from_slice(e.value.as_bytes());
-            self.line_buf.push(b'}');
-            if let Some(s) = self.output.as_mut() {
-                s.write_line(&self.line_buf)?;
+        if let Some(s) = self.output.as_mut() {
+            for e in self.results.drain(..) {
+                s.write(&e.key, &e.value, self.read, &mut self.line_buf)?;
             }
         }
+        self.results.clear();
         Ok(())
+    }
+
+    /// Backpressure: the result sink is far behind; stop fetching and wait until it has
+    /// caught up (memory stays bounded whatever the backlog in the source).
+    fn drain_output(&mut self, source: &mut Source) -> Result<()> {
+        source.pause()?;
+        let t = Instant::now();
+        while self.output.as_ref().is_some_and(|o| o.backlog() > BACKLOG_LOW) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        tracing::debug!(waited_ms = t.elapsed().as_millis() as u64, "source paused while the sink caught up");
+        source.resume()
     }
 
     fn dead_letter(&mut self, reason: &str, record: &[u8], pos: Position) -> Result<()> {
         self.dead_lettered += 1;
-        let d = DeadLetter {
-            reason,
-            source: self.sources.get(pos.partition as usize).map_or("", String::as_str),
-            line: pos.line,
-            offset: pos.offset,
-            record: String::from_utf8_lossy(record),
-        };
-        write_side(&mut self.dead, &mut self.line_buf, &d)
+        let source = self.sources.get(pos.partition as usize).map_or("", String::as_str);
+        let Some(dead) = self.dead.as_mut() else { return Ok(()) };
+        if dead.wants_json() {
+            let d = DeadLetter {
+                reason,
+                source,
+                line: pos.line,
+                offset: pos.offset,
+                record: String::from_utf8_lossy(record),
+            };
+            encode_side(&mut self.line_buf, &d)?;
+        }
+        let origin = [("km0.source", source.to_string()), ("km0.offset", pos.offset.to_string())];
+        dead.write(&self.line_buf, record, &origin, reason)
     }
 
     fn late_event(
@@ -885,7 +973,10 @@ impl Job {
             offset: pos.offset,
             record: String::from_utf8_lossy(record),
         };
-        write_side(&mut self.late, &mut self.line_buf, &l)?;
+        encode_side(&mut self.line_buf, &l)?;
+        if let Some(late) = self.late.as_mut() {
+            late.write_line(&self.line_buf)?;
+        }
         self.ops[op].count_late();
         Ok(())
     }
@@ -956,14 +1047,8 @@ impl Job {
             snapshots.push(snap);
         }
         // Everything checked: now load.
-        let idleness = match &pipeline.source {
-            SourceSpec::File { partitioning: p, .. } => Idleness {
-                timeout: p.idle_timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
-                after_records: p.idle_after_records,
-            },
-        };
         self.watermarks =
-            Watermarks::restore(pipeline.event_time.watermark_delay_ms, idleness, &meta.watermark);
+            Watermarks::restore(pipeline.event_time.watermark_delay_ms, idleness(pipeline), &meta.watermark);
         let wm = self.watermarks.current();
         for (op, snap) in self.ops.iter_mut().zip(&snapshots) {
             op.restore(snap, wm)?;
@@ -977,11 +1062,7 @@ impl Job {
     /// A consistent snapshot of the job at this point of the input: every operator's
     /// state, the source position, the watermarks, the counters, and the sinks flushed
     /// and synced to the length they have now.
-    fn snapshot(
-        &mut self,
-        pipeline: &Pipeline,
-        source: &FileSource,
-    ) -> Result<(SavepointMeta, Vec<Snapshot>)> {
+    fn snapshot(&mut self, pipeline: &Pipeline, source: &Source) -> Result<(SavepointMeta, Vec<Snapshot>)> {
         let mut snapshots = Vec::new();
         for op in &mut self.ops {
             snapshots.push(op.snapshot()?);
@@ -993,7 +1074,7 @@ impl Job {
 
     /// The changes since the last checkpoint, for the incremental (RocksDB) backend, and
     /// the snapshot's metadata.
-    fn changes(&mut self, pipeline: &Pipeline, source: &FileSource) -> Result<(SavepointMeta, Vec<Changes>)> {
+    fn changes(&mut self, pipeline: &Pipeline, source: &Source) -> Result<(SavepointMeta, Vec<Changes>)> {
         let mut changes = Vec::new();
         let mut counts = Vec::new();
         for op in &mut self.ops {
@@ -1011,13 +1092,19 @@ impl Job {
     fn meta(
         &mut self,
         pipeline: &Pipeline,
-        source: &FileSource,
+        source: &Source,
         counts: Vec<(u64, u64)>,
     ) -> Result<SavepointMeta> {
         self.write_results()?;
         let mut sinks = Vec::new();
-        for s in [&mut self.output, &mut self.late, &mut self.dead].into_iter().flatten() {
-            sinks.extend(s.position()?);
+        if let Some(out) = self.output.as_mut() {
+            sinks.extend(out.position(self.read)?);
+        }
+        if let Some(late) = self.late.as_mut() {
+            sinks.extend(late.position()?);
+        }
+        if let Some(dead) = self.dead.as_mut() {
+            sinks.extend(dead.position()?);
         }
         let operators = self
             .ops
@@ -1047,5 +1134,14 @@ impl Job {
             sinks,
             state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
         })
+    }
+}
+
+/// The pipeline's idleness rules for partition watermarks.
+fn idleness(pipeline: &Pipeline) -> Idleness {
+    let p = pipeline.source.partitioning();
+    Idleness {
+        timeout: p.idle_timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
+        after_records: p.idle_after_records,
     }
 }

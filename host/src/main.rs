@@ -288,6 +288,15 @@ fn print_plugin(runtime: &PluginRuntime, plugin: &Path) -> Result<()> {
 }
 
 fn print_summary(s: &Summary) {
+    for l in &s.lag {
+        eprintln!(
+            "km0: lag {}: {} (position {}, log end {})",
+            l.partition, l.lag, l.position, l.high_watermark
+        );
+    }
+    if s.backpressure_pauses > 0 {
+        eprintln!("km0: the source paused {} times for a slow sink", s.backpressure_pauses);
+    }
     let c = &s.counters;
     eprintln!(
         "km0: read {} records: {} filtered, {} dead-lettered; {} accepted, {} late, {} late updates; {} windows fired, {} results emitted",

@@ -22,7 +22,7 @@ pub struct Pipeline {
     pub aggregations: Vec<Aggregation>,
     pub sink: SinkSpec,
     pub late: PathBuf,
-    pub dead_letter: PathBuf,
+    pub dead_letter: DeadLetterSpec,
     pub savepoints: PathBuf,
     /// Periodic checkpoints, when configured.
     pub checkpoints: Option<CheckpointSpec>,
@@ -64,6 +64,74 @@ pub struct CheckpointSpec {
 pub enum SourceSpec {
     /// JSON lines from files (`-` is standard input); each file is a partition.
     File { paths: Vec<PathBuf>, partitioning: Partitioning, follow: bool },
+    /// JSON records from Kafka topics; each topic partition is a partition.
+    Kafka(KafkaSourceSpec),
+}
+
+impl SourceSpec {
+    pub fn partitioning(&self) -> &Partitioning {
+        match self {
+            SourceSpec::File { partitioning, .. } => partitioning,
+            SourceSpec::Kafka(k) => &k.partitioning,
+        }
+    }
+}
+
+/// Where a Kafka source starts when no checkpoint or savepoint says where it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartAt {
+    /// The oldest retained record (the default: `latest` silently skips data).
+    Earliest,
+    /// Only records produced from now on.
+    Latest,
+    /// The consumer group's committed offsets, `earliest` where it has none.
+    Committed,
+}
+
+/// `[source] kind = "kafka"`.
+#[derive(Debug, Clone)]
+pub struct KafkaSourceSpec {
+    pub brokers: String,
+    pub topics: Vec<String>,
+    /// Consumer group: km0 commits its checkpointed offsets there, so lag shows in
+    /// Kafka's tools. Partitions are assigned by km0 (all partitions of the topics).
+    pub group: String,
+    pub start: StartAt,
+    /// Stop at the end offsets seen at start (a bounded run, like a file).
+    pub bounded: bool,
+    pub partitioning: Partitioning,
+    /// Extra librdkafka consumer settings.
+    pub properties: Vec<(String, String)>,
+}
+
+/// A Kafka producer's target.
+#[derive(Debug, Clone)]
+pub struct KafkaTarget {
+    pub brokers: String,
+    pub topic: String,
+    /// Extra librdkafka producer settings.
+    pub properties: Vec<(String, String)>,
+}
+
+/// How the Kafka result sink makes results exactly-once in effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KafkaSinkMode {
+    /// Keyed records from an idempotent producer (acks=all), flushed at every
+    /// checkpoint; a replay after a failure rewrites the same keys with the same values.
+    Upsert,
+    /// One Kafka transaction per checkpoint epoch, committed when the checkpoint is
+    /// durable (needs a broker with transactions).
+    Transactional,
+}
+
+/// `[dead_letter]`: a JSONL file, or a Kafka topic (original bytes, reason and origin in
+/// headers).
+#[derive(Debug, Clone)]
+pub enum DeadLetterSpec {
+    File(PathBuf),
+    Kafka(KafkaTarget),
 }
 
 /// How records map to partitions, each with its own watermark.
@@ -134,8 +202,20 @@ pub struct PluginSpec {
 
 #[derive(Debug, Clone)]
 pub enum SinkSpec {
-    File { path: PathBuf },
+    File {
+        path: PathBuf,
+    },
     Stdout,
+    Kafka {
+        target: KafkaTarget,
+        mode: KafkaSinkMode,
+    },
+    /// Upserts into a PostgreSQL table, committed with the job's progress in one
+    /// database transaction at every checkpoint.
+    Postgres {
+        url: String,
+        table: String,
+    },
 }
 
 // ---- the file's shape ------------------------------------------------------------
@@ -157,7 +237,7 @@ struct RawPipeline {
     aggregations: Vec<RawAggregation>,
     sink: RawSink,
     late: RawPath,
-    dead_letter: RawPath,
+    dead_letter: RawDeadLetter,
     #[serde(default)]
     savepoints: Option<RawDir>,
     #[serde(default)]
@@ -204,6 +284,25 @@ enum RawSource {
         /// Keep reading as the files grow (an unbounded source), like `tail -f`.
         #[serde(default)]
         follow: bool,
+    },
+    Kafka {
+        brokers: String,
+        #[serde(default)]
+        topic: Option<String>,
+        #[serde(default)]
+        topics: Vec<String>,
+        #[serde(default)]
+        group: Option<String>,
+        #[serde(default)]
+        start: Option<StartAt>,
+        #[serde(default)]
+        bounded: bool,
+        #[serde(default, deserialize_with = "opt_duration_ms")]
+        idle_timeout: Option<i64>,
+        #[serde(default)]
+        idle_after_records: Option<u64>,
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
     },
 }
 
@@ -264,8 +363,36 @@ struct RawPlugin {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
 enum RawSink {
-    File { path: String },
+    File {
+        path: String,
+    },
     Stdout,
+    Kafka {
+        #[serde(default)]
+        brokers: Option<String>,
+        topic: String,
+        #[serde(default)]
+        mode: Option<KafkaSinkMode>,
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
+    },
+    Postgres {
+        url: String,
+        table: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDeadLetter {
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    topic: Option<String>,
+    #[serde(default)]
+    brokers: Option<String>,
+    #[serde(default)]
+    properties: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -457,10 +584,91 @@ impl Pipeline {
                 };
                 SourceSpec::File { paths: all, partitioning, follow }
             }
+            RawSource::Kafka {
+                brokers,
+                topic,
+                topics,
+                group,
+                start,
+                bounded,
+                idle_timeout,
+                idle_after_records,
+                properties,
+            } => {
+                let mut all: Vec<String> = topic.into_iter().collect();
+                all.extend(topics);
+                if all.is_empty() || all.iter().any(|t| t.is_empty()) {
+                    return Err(err("`source` (kafka) needs `topic` or `topics`".into()));
+                }
+                if brokers.trim().is_empty() {
+                    return Err(err("`source.brokers` is empty".into()));
+                }
+                SourceSpec::Kafka(KafkaSourceSpec {
+                    brokers,
+                    topics: all,
+                    group: group.unwrap_or_else(|| format!("km0-{}", raw.name)),
+                    start: start.unwrap_or(StartAt::Earliest),
+                    bounded,
+                    partitioning: Partitioning {
+                        field: None,
+                        idle_timeout_ms: idle_timeout,
+                        idle_after_records,
+                    },
+                    properties: properties.into_iter().collect(),
+                })
+            }
+        };
+        // Kafka sinks default to the source's brokers.
+        let source_brokers = match &source {
+            SourceSpec::Kafka(k) => Some(k.brokers.clone()),
+            SourceSpec::File { .. } => None,
+        };
+        let brokers_for = |given: Option<String>, at: &str| {
+            given.or_else(|| source_brokers.clone()).ok_or_else(|| {
+                err(format!("`{at}.brokers` is needed (the source is not Kafka, so there are none to reuse)"))
+            })
         };
         let sink = match raw.sink {
             RawSink::File { path } => SinkSpec::File { path: resolve(&path) },
             RawSink::Stdout => SinkSpec::Stdout,
+            RawSink::Kafka { brokers, topic, mode, properties } => SinkSpec::Kafka {
+                target: KafkaTarget {
+                    brokers: brokers_for(brokers, "sink")?,
+                    topic,
+                    properties: properties.into_iter().collect(),
+                },
+                mode: mode.unwrap_or(KafkaSinkMode::Upsert),
+            },
+            RawSink::Postgres { url, table } => {
+                let valid = table.split('.').all(|part| {
+                    !part.is_empty()
+                        && part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+                if !valid {
+                    return Err(err(format!(
+                        "`sink.table` {table:?}: use letters, digits and '_' (optionally schema.table)"
+                    )));
+                }
+                SinkSpec::Postgres { url, table }
+            }
+        };
+        let d = raw.dead_letter;
+        let dead_letter = match (d.path, d.topic) {
+            (Some(path), None) if d.brokers.is_none() && d.properties.is_empty() => {
+                DeadLetterSpec::File(resolve(&path))
+            }
+            (None, Some(topic)) => DeadLetterSpec::Kafka(KafkaTarget {
+                brokers: brokers_for(d.brokers, "dead_letter")?,
+                topic,
+                properties: d.properties.into_iter().collect(),
+            }),
+            _ => {
+                return Err(err(
+                    "`[dead_letter]` takes `path` (a JSONL file) or `topic` (Kafka, with optional `brokers` and `properties`)"
+                        .into(),
+                ))
+            }
         };
         let savepoints = raw.savepoints.map(|d| resolve(&d.dir)).unwrap_or_else(|| base.join("savepoints"));
         let checkpoints = match raw.checkpoints {
@@ -477,7 +685,10 @@ impl Pipeline {
             }),
         };
 
-        let follows = matches!(&source, SourceSpec::File { follow: true, .. });
+        let follows = match &source {
+            SourceSpec::File { follow, .. } => *follow,
+            SourceSpec::Kafka(k) => !k.bounded,
+        };
         let raw_state = raw.state.unwrap_or(RawState { backend: None, dir: None });
         let state = StateSpec {
             // RocksDB by default for unbounded sources, as the issue of large state is theirs.
@@ -498,7 +709,7 @@ impl Pipeline {
             aggregations,
             sink,
             late: resolve(&raw.late.path),
-            dead_letter: resolve(&raw.dead_letter.path),
+            dead_letter,
             savepoints,
             checkpoints,
             state,
@@ -632,11 +843,67 @@ path = "dead.jsonl"
         let p = Pipeline::parse(several, Path::new("/j/p.toml")).unwrap();
         assert_eq!(p.aggregations.len(), 2);
         assert_eq!(p.aggregations[1].window.kind, WindowKind::Session { gap_ms: 180_000 });
-        let SourceSpec::File { paths, partitioning, .. } = &p.source;
+        let SourceSpec::File { paths, partitioning, .. } = &p.source else { panic!("a file source") };
         assert_eq!(paths.len(), 2);
         assert_eq!(partitioning.idle_timeout_ms, Some(30_000));
         let twice = several.replace("name = \"sin_senal\"", "name = \"distancia\"");
         assert!(Pipeline::parse(&twice, Path::new("p.toml")).unwrap_err().to_string().contains("used twice"));
+    }
+
+    #[test]
+    fn kafka_source_sinks_and_dead_letters() {
+        let text = r#"
+name = "stock-alert"
+key = ["producto", "mercado"]
+[source]
+kind = "kafka"
+brokers = "127.0.0.1:9092"
+topic = "pedidos.eventos"
+[source.properties]
+"session.timeout.ms" = "6000"
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = "p.wasm"
+[sink]
+kind = "kafka"
+topic = "inventario.alertas"
+[late]
+path = "late.jsonl"
+[dead_letter]
+topic = "km0.dead-letter"
+"#;
+        let p = Pipeline::parse(text, Path::new("/j/p.toml")).unwrap();
+        let SourceSpec::Kafka(k) = &p.source else { panic!("a kafka source") };
+        assert_eq!(k.topics, ["pedidos.eventos"]);
+        assert_eq!((k.group.as_str(), k.start, k.bounded), ("km0-stock-alert", StartAt::Earliest, false));
+        assert_eq!(k.properties, [("session.timeout.ms".to_string(), "6000".to_string())]);
+        let SinkSpec::Kafka { target, mode } = &p.sink else { panic!("a kafka sink") };
+        assert_eq!((target.brokers.as_str(), *mode), ("127.0.0.1:9092", KafkaSinkMode::Upsert));
+        assert!(matches!(&p.dead_letter, DeadLetterSpec::Kafka(t) if t.topic == "km0.dead-letter"));
+        // Unbounded Kafka keeps large state in RocksDB by default.
+        assert_eq!(p.state.backend, Backend::Rocksdb);
+
+        let bad = |from: &str, to: &str| {
+            Pipeline::parse(&text.replace(from, to), Path::new("p.toml")).unwrap_err().to_string()
+        };
+        assert!(bad("topic = \"pedidos.eventos\"", "").contains("needs `topic` or `topics`"));
+        assert!(bad("topic = \"km0.dead-letter\"", "path = \"d\"\ntopic = \"x\"").contains("takes `path`"));
+        assert!(bad(
+            "[sink]\nkind = \"kafka\"\ntopic = \"inventario.alertas\"",
+            "[sink]\nkind = \"postgres\"\nurl = \"u\"\ntable = \"a; drop\""
+        )
+        .contains("`sink.table`"));
+        let file_source = text.replace(
+            "kind = \"kafka\"\nbrokers = \"127.0.0.1:9092\"\ntopic = \"pedidos.eventos\"\n[source.properties]\n\"session.timeout.ms\" = \"6000\"",
+            "kind = \"file\"\npath = \"in.jsonl\"",
+        );
+        let e = Pipeline::parse(&file_source, Path::new("p.toml")).unwrap_err().to_string();
+        assert!(e.contains("`sink.brokers` is needed"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,16 @@
 //! The embedded default writes JSON lines. A file sink knows how many bytes it has
 //! committed (flushed at a savepoint); resuming from that savepoint truncates the file
 //! back to that length before appending, so a resumed run never duplicates or loses a
-//! line, whatever the stopped run wrote after its savepoint.
+//! line, whatever the stopped run wrote after its savepoint. [`kafka`] writes results
+//! and dead letters to Kafka topics, [`postgres`] upserts results into a table.
+//!
+//! Every sink takes part in checkpoints the same way: at the barrier
+//! ([`ResultSink::position`]) it makes what it was given durable or acknowledged and says
+//! how far that is; when the checkpoint is durable ([`ResultSink::checkpoint_complete`])
+//! a transactional sink commits.
+
+pub mod kafka;
+pub mod postgres;
 
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -130,6 +139,121 @@ impl JsonlSink {
             Target::File { path, .. } => Error::io(action, path.clone(), e),
             Target::Stdout(_) => Error::io(action, "<stdout>", e),
         }
+    }
+}
+
+/// Where results go.
+pub enum ResultSink {
+    Jsonl(JsonlSink),
+    Kafka(kafka::KafkaSink),
+    Postgres(postgres::PostgresSink),
+}
+
+impl ResultSink {
+    /// Write one result: its key (`window_start|key fields`) and its JSON value.
+    /// `records` is how many source records the job had read when it was produced.
+    #[inline]
+    pub fn write(&mut self, key: &str, value: &str, records: u64, line: &mut Vec<u8>) -> Result<()> {
+        match self {
+            ResultSink::Jsonl(s) => {
+                line.clear();
+                line.extend_from_slice(b"{\"key\":");
+                serde_json::to_writer(&mut *line, key)
+                    .map_err(|err| Error::Usage(format!("encode result key: {err}")))?;
+                line.extend_from_slice(b",\"value\":");
+                line.extend_from_slice(value.as_bytes());
+                line.push(b'}');
+                s.write_line(line)
+            }
+            ResultSink::Kafka(s) => s.send(Some(key.as_bytes()), value.as_bytes(), None),
+            ResultSink::Postgres(s) => s.write(key, value, records),
+        }
+    }
+
+    /// The checkpoint barrier: everything written so far is flushed (file),
+    /// acknowledged (Kafka) or committed with the job's progress (PostgreSQL).
+    pub fn position(&mut self, records: u64) -> Result<Option<SinkPosition>> {
+        match self {
+            ResultSink::Jsonl(s) => s.position(),
+            ResultSink::Kafka(s) => s.barrier().map(|_| None),
+            ResultSink::Postgres(s) => s.commit(records).map(|_| None),
+        }
+    }
+
+    /// True when a checkpoint must be durable before processing goes on, because the
+    /// sink commits at its completion (a Kafka transaction per epoch).
+    pub fn commits_on_completion(&self) -> bool {
+        matches!(self, ResultSink::Kafka(s) if s.transactional())
+    }
+
+    /// The checkpoint taken at the last barrier is durable.
+    pub fn checkpoint_complete(&mut self) -> Result<()> {
+        match self {
+            ResultSink::Kafka(s) => s.commit_epoch(),
+            _ => Ok(()),
+        }
+    }
+
+    /// End of a bounded run: make everything durable.
+    pub fn commit(&mut self, records: u64) -> Result<Option<SinkPosition>> {
+        match self {
+            ResultSink::Jsonl(s) => s.commit(),
+            ResultSink::Kafka(s) => s.barrier().and_then(|_| s.commit_epoch()).map(|_| None),
+            ResultSink::Postgres(s) => s.commit(records).map(|_| None),
+        }
+    }
+
+    /// Records sent and not yet acknowledged (Kafka), for backpressure.
+    pub fn backlog(&self) -> usize {
+        match self {
+            ResultSink::Kafka(s) => s.in_flight(),
+            _ => 0,
+        }
+    }
+}
+
+/// Where dead letters go: a JSONL file (the reason and the record in one JSON object) or
+/// a Kafka topic (the original bytes as the value, the reason and origin in headers).
+pub enum DeadLetterSink {
+    Jsonl(JsonlSink),
+    Kafka(kafka::KafkaSink),
+}
+
+impl DeadLetterSink {
+    /// A record that could not be processed. `json` is the JSONL form; `original` and
+    /// `headers` the Kafka form.
+    pub fn write(
+        &mut self,
+        json: &[u8],
+        original: &[u8],
+        headers: &[(&str, String)],
+        reason: &str,
+    ) -> Result<()> {
+        match self {
+            DeadLetterSink::Jsonl(s) => s.write_line(json),
+            DeadLetterSink::Kafka(s) => {
+                s.send(None, original, Some(kafka::dead_letter_headers(reason, headers)))
+            }
+        }
+    }
+
+    pub fn position(&mut self) -> Result<Option<SinkPosition>> {
+        match self {
+            DeadLetterSink::Jsonl(s) => s.position(),
+            DeadLetterSink::Kafka(s) => s.barrier().map(|_| None),
+        }
+    }
+
+    pub fn commit(&mut self) -> Result<Option<SinkPosition>> {
+        match self {
+            DeadLetterSink::Jsonl(s) => s.commit(),
+            DeadLetterSink::Kafka(s) => s.barrier().map(|_| None),
+        }
+    }
+
+    /// True when the dead letters of a record go as JSONL (and so need the JSON form).
+    pub fn wants_json(&self) -> bool {
+        matches!(self, DeadLetterSink::Jsonl(_))
     }
 }
 

@@ -2,12 +2,123 @@
 //!
 //! A source yields raw records (one JSON document each) with their [`Position`], and can
 //! report and restore its [`SourcePosition`] (per partition) for savepoints. Decoding a
-//! record into event fields is [`json`]'s job, shared by every source.
+//! record into event fields is [`json`]'s job, shared by every source. Both sources read
+//! their partitions round-robin, so a replay meets the records in the same order.
 
 pub mod file;
 pub mod json;
+pub mod kafka;
 
+use crate::pipeline::SourceSpec;
+use crate::Result;
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The job's source (an enum, not a trait object: `next_record` is the hot path).
+pub enum Source {
+    File(file::FileSource),
+    Kafka(kafka::KafkaSource),
+}
+
+impl Source {
+    /// Open the pipeline's source; `input` replaces a file source's paths (one partition),
+    /// `follow` overrides its follow setting.
+    pub fn open(
+        spec: &SourceSpec,
+        input: Option<&PathBuf>,
+        follow: Option<bool>,
+        resume: Option<&SourcePosition>,
+    ) -> Result<Source> {
+        match spec {
+            SourceSpec::File { paths, follow: f, .. } => {
+                let paths = input.map_or_else(|| paths.clone(), |p| vec![p.clone()]);
+                Ok(Source::File(file::FileSource::open_with(&paths, follow.unwrap_or(*f), resume)?))
+            }
+            SourceSpec::Kafka(k) => Ok(Source::Kafka(kafka::KafkaSource::open(k, resume)?)),
+        }
+    }
+
+    /// True if the input never ends: `None` from [`Source::next_record`] means "nothing yet".
+    pub fn unbounded(spec: &SourceSpec, follow: Option<bool>) -> bool {
+        match spec {
+            SourceSpec::File { follow: f, .. } => follow.unwrap_or(*f),
+            SourceSpec::Kafka(k) => !k.bounded,
+        }
+    }
+
+    #[inline]
+    pub fn next_record(&mut self) -> Result<Option<(&[u8], Position)>> {
+        match self {
+            Source::File(s) => s.next_record(),
+            Source::Kafka(s) => s.next_record(),
+        }
+    }
+
+    pub fn records(&self) -> u64 {
+        match self {
+            Source::File(s) => s.records(),
+            Source::Kafka(s) => s.records(),
+        }
+    }
+
+    pub fn partitions(&self) -> usize {
+        match self {
+            Source::File(s) => s.partitions(),
+            Source::Kafka(s) => s.partitions(),
+        }
+    }
+
+    pub fn partition_name(&self, p: u32) -> String {
+        match self {
+            Source::File(s) => s.partition_name(p),
+            Source::Kafka(s) => s.partition_name(p),
+        }
+    }
+
+    pub fn take_ended(&mut self) -> Vec<u32> {
+        match self {
+            Source::File(s) => s.take_ended(),
+            Source::Kafka(s) => s.take_ended(),
+        }
+    }
+
+    pub fn position(&self) -> SourcePosition {
+        match self {
+            Source::File(s) => s.position(),
+            Source::Kafka(s) => s.position(),
+        }
+    }
+
+    /// A checkpoint holding `pos` is durable (Kafka: commit the offsets to the group).
+    pub fn checkpoint_complete(&self, pos: &SourcePosition) {
+        if let Source::Kafka(s) = self {
+            s.checkpoint_complete(pos)
+        }
+    }
+
+    /// Stop fetching while a sink drains (backpressure); files need nothing.
+    pub fn pause(&mut self) -> Result<()> {
+        match self {
+            Source::File(_) => Ok(()),
+            Source::Kafka(s) => s.pause(),
+        }
+    }
+
+    pub fn resume(&mut self) -> Result<()> {
+        match self {
+            Source::File(_) => Ok(()),
+            Source::Kafka(s) => s.resume(),
+        }
+    }
+
+    /// Consumer lag per partition (Kafka); empty for files.
+    pub fn lag(&self) -> Result<Vec<kafka::PartitionLag>> {
+        match self {
+            Source::File(_) => Ok(Vec::new()),
+            Source::Kafka(s) => s.lag(),
+        }
+    }
+}
 
 /// Where a record came from, for dead letters and late side output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -1,0 +1,257 @@
+//! Kafka sinks: keyed results (upsert or transactional) and the dead-letter topic.
+//!
+//! Every producer is idempotent with `acks=all`, so a retried send never duplicates a
+//! record. A **barrier** (at every checkpoint) waits until everything sent is
+//! acknowledged: a checkpoint then never covers results that are not in Kafka.
+//!
+//! - **Upsert** (the default for results): records keyed `window_start|key`; after a
+//!   failure the job replays from its last checkpoint and writes the same keys with the
+//!   same values (km0's replays are deterministic), so the keyed view of the topic (a
+//!   compacted topic, a table built from it) is exactly-once in effect.
+//! - **Transactional**: the results of one checkpoint epoch form one Kafka transaction,
+//!   committed after the checkpoint is durable; `read_committed` readers see each epoch
+//!   whole or not at all. A restarted job's `init_transactions` fences and aborts the
+//!   transaction its predecessor left open. The broker must support transactions
+//!   (EndTxn, API key 26): km0 asks the broker at start-up and refuses with a clear error
+//!   naming the alternatives when it does not.
+
+use crate::pipeline::{KafkaSinkMode, KafkaTarget};
+use crate::{Error, Result};
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long a barrier waits for the brokers to acknowledge what was sent.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
+const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Counts deliveries and keeps the first failure (reported at the next barrier).
+#[derive(Default)]
+pub struct Deliveries {
+    delivered: AtomicU64,
+    failed: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => {
+                self.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, _)) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut first) = self.first_error.lock() {
+                    first.get_or_insert_with(|| e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// A producer to one topic.
+pub struct KafkaSink {
+    producer: ThreadedProducer<Deliveries>,
+    target: KafkaTarget,
+    transactional: bool,
+    sent: u64,
+}
+
+impl KafkaSink {
+    /// Connect; `purpose` names the sink in errors. A transactional sink checks that the
+    /// broker has transactions, fences its predecessor and opens the first transaction.
+    pub fn open(target: &KafkaTarget, mode: KafkaSinkMode, transactional_id: &str) -> Result<KafkaSink> {
+        let transactional = mode == KafkaSinkMode::Transactional;
+        let err = |message: String| Error::Kafka { brokers: target.brokers.clone(), message };
+        if transactional {
+            let apis = broker_apis(&target.brokers)
+                .map_err(|e| err(format!("ask the broker its API versions: {e}")))?;
+            if !apis.contains(&END_TXN) {
+                return Err(err(format!(
+                    "`[sink] mode = \"transactional\"` needs Kafka transactions, and this broker does not support them \
+                     (no EndTxn, API key {END_TXN}): use `mode = \"upsert\"` (idempotent keyed results, exactly-once \
+                     in effect) or `kind = \"postgres\"` (results and progress committed in one database transaction)"
+                )));
+            }
+        }
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &target.brokers)
+            .set("client.id", "km0")
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.kbytes", "32768")
+            .set("queue.buffering.max.messages", "100000");
+        if transactional {
+            config.set("transactional.id", transactional_id);
+        }
+        for (k, v) in &target.properties {
+            config.set(k, v);
+        }
+        let producer: ThreadedProducer<Deliveries> = config
+            .create_with_context(Deliveries::default())
+            .map_err(|e| err(format!("create the producer for topic {:?}: {e}", target.topic)))?;
+        // The topic must exist: a typo should fail now, not at the first result.
+        let md = producer
+            .client()
+            .fetch_metadata(Some(&target.topic), Duration::from_secs(15))
+            .map_err(|e| err(format!("read the metadata of topic {:?}: {e}", target.topic)))?;
+        let exists = md
+            .topics()
+            .iter()
+            .any(|t| t.name() == target.topic && t.error().is_none() && !t.partitions().is_empty());
+        if !exists {
+            return Err(err(format!(
+                "topic {:?} does not exist (create it before starting the job)",
+                target.topic
+            )));
+        }
+        if transactional {
+            producer.init_transactions(TXN_TIMEOUT).map_err(|e| err(format!("init transactions: {e}")))?;
+            producer.begin_transaction().map_err(|e| err(format!("begin a transaction: {e}")))?;
+        }
+        Ok(KafkaSink { producer, target: target.clone(), transactional, sent: 0 })
+    }
+
+    pub fn transactional(&self) -> bool {
+        self.transactional
+    }
+
+    /// Send one record, waiting while the producer's queue is full (backpressure).
+    pub fn send(&mut self, key: Option<&[u8]>, value: &[u8], headers: Option<OwnedHeaders>) -> Result<()> {
+        let mut record = BaseRecord::<[u8], [u8]>::to(&self.target.topic).payload(value);
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(h) = headers {
+            record = record.headers(h);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((e, _)) => {
+                    return Err(Error::Kafka {
+                        brokers: self.target.brokers.clone(),
+                        message: format!("send to {:?}: {e}", self.target.topic),
+                    })
+                }
+            }
+        }
+        self.sent += 1;
+        Ok(())
+    }
+
+    /// Records sent and not yet acknowledged.
+    pub fn in_flight(&self) -> usize {
+        self.producer.in_flight_count().max(0) as usize
+    }
+
+    /// Wait until everything sent is acknowledged; fail if anything was not delivered.
+    pub fn barrier(&mut self) -> Result<()> {
+        let err = |message: String| Error::Kafka { brokers: self.target.brokers.clone(), message };
+        self.producer
+            .flush(FLUSH_TIMEOUT)
+            .map_err(|e| err(format!("flush topic {:?}: {e}", self.target.topic)))?;
+        let ctx = self.producer.context();
+        if ctx.failed.load(Ordering::Relaxed) > 0 {
+            let first = ctx.first_error.lock().ok().and_then(|f| f.clone()).unwrap_or_default();
+            return Err(err(format!(
+                "{} records to {:?} were not delivered (first: {first})",
+                ctx.failed.load(Ordering::Relaxed),
+                self.target.topic
+            )));
+        }
+        Ok(())
+    }
+
+    /// The checkpoint that covers this epoch is durable: commit its transaction and
+    /// open the next one. (Upsert sinks have nothing to do.)
+    pub fn commit_epoch(&mut self) -> Result<()> {
+        if !self.transactional {
+            return Ok(());
+        }
+        let err = |message: String| Error::Kafka { brokers: self.target.brokers.clone(), message };
+        self.producer
+            .commit_transaction(TXN_TIMEOUT)
+            .map_err(|e| err(format!("commit the epoch's transaction: {e}")))?;
+        self.producer.begin_transaction().map_err(|e| err(format!("begin a transaction: {e}")))
+    }
+
+    pub fn delivered(&self) -> u64 {
+        self.producer.context().delivered.load(Ordering::Relaxed)
+    }
+}
+
+/// Headers of a dead letter: why, and where the record came from.
+pub fn dead_letter_headers(reason: &str, origin: &[(&str, String)]) -> OwnedHeaders {
+    let mut h = OwnedHeaders::new().insert(Header { key: "km0.reason", value: Some(reason) });
+    for (k, v) in origin {
+        h = h.insert(Header { key: k, value: Some(v.as_str()) });
+    }
+    h
+}
+
+/// Kafka's API key of EndTxn (commit or abort a transaction).
+const END_TXN: i16 = 26;
+
+/// The API keys the first reachable broker of `brokers` supports (an ApiVersions v0
+/// request, the one every Kafka-compatible broker answers).
+pub fn broker_apis(brokers: &str) -> std::io::Result<Vec<i16>> {
+    let mut last = std::io::Error::other("no broker address given");
+    for addr in brokers.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        match ask_api_versions(addr) {
+            Ok(keys) => return Ok(keys),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn ask_api_versions(addr: &str) -> std::io::Result<Vec<i16>> {
+    use std::net::ToSocketAddrs;
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{addr}: {m}"));
+    let sock = addr.to_socket_addrs()?.next().ok_or_else(|| bad("no address"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let client = b"km0";
+    let mut req = Vec::new();
+    req.extend_from_slice(&18i16.to_be_bytes()); // ApiVersions
+    req.extend_from_slice(&0i16.to_be_bytes()); // version 0
+    req.extend_from_slice(&1i32.to_be_bytes()); // correlation id
+    req.extend_from_slice(&(client.len() as i16).to_be_bytes());
+    req.extend_from_slice(client);
+    s.write_all(&(req.len() as i32).to_be_bytes())?;
+    s.write_all(&req)?;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let len = i32::from_be_bytes(len);
+    if !(10..=1 << 20).contains(&len) {
+        return Err(bad("implausible ApiVersions response size"));
+    }
+    let mut body = vec![0u8; len as usize];
+    s.read_exact(&mut body)?;
+    let i16_at = |i: usize| body.get(i..i + 2).map(|b| i16::from_be_bytes([b[0], b[1]]));
+    let error = i16_at(4).ok_or_else(|| bad("short response"))?;
+    if error != 0 {
+        return Err(bad(&format!("ApiVersions error code {error}")));
+    }
+    let n = body
+        .get(6..10)
+        .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        .ok_or_else(|| bad("short response"))?;
+    (0..n.max(0) as usize).map(|k| i16_at(10 + 6 * k).ok_or_else(|| bad("truncated API list"))).collect()
+}

@@ -1,0 +1,151 @@
+//! The PostgreSQL sink: results upserted into a table (`INSERT ... ON CONFLICT (key) DO
+//! UPDATE`), committed at every checkpoint barrier in one database transaction together
+//! with the job's progress, so results and progress are never apart: exactly-once.
+//!
+//! Progress is a row per committed epoch in `km0_sink_epochs` (job, table, epoch, the
+//! number of source records the job had read, the results written). After a failure the
+//! job replays from its last checkpoint; km0's replays are deterministic, so a result is
+//! identified by the record count at which it was produced, and the sink drops those at
+//! or before the last committed count: each result is written once, in one epoch.
+//!
+//! The table is `key TEXT PRIMARY KEY, value JSONB, epoch BIGINT, updated_at`; km0
+//! creates it (and `km0_sink_epochs`) when missing. A table belongs to one job: to start
+//! over, truncate it and delete the job's rows in `km0_sink_epochs`.
+
+use crate::{Error, Result};
+use tokio_postgres::{Client, NoTls};
+
+pub struct PostgresSink {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    table: String,
+    job: String,
+    /// Results produced at or before this record count are already committed.
+    committed_records: u64,
+    /// The next epoch to commit.
+    epoch: i64,
+    keys: Vec<String>,
+    values: Vec<String>,
+}
+
+/// Rows of `km0_sink_epochs` for one job and table: (epoch, records, results).
+pub type EpochLog = Vec<(i64, i64, i64)>;
+
+impl PostgresSink {
+    /// Connect, create the tables if needed and read the job's progress.
+    pub fn open(url: &str, table: &str, job: &str) -> Result<PostgresSink> {
+        let err = |m: String| Error::Postgres { table: table.to_string(), message: m };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| err(format!("start the client runtime: {e}")))?;
+        let client = rt.block_on(async {
+            let (client, connection) =
+                tokio_postgres::connect(url, NoTls).await.map_err(|e| err(format!("connect: {e}")))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::error!(error = %e, "postgres connection");
+                }
+            });
+            client
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (
+                         key TEXT PRIMARY KEY, value JSONB NOT NULL, epoch BIGINT NOT NULL,
+                         updated_at TIMESTAMPTZ NOT NULL DEFAULT now());
+                     CREATE TABLE IF NOT EXISTS km0_sink_epochs (
+                         job TEXT NOT NULL, sink_table TEXT NOT NULL, epoch BIGINT NOT NULL,
+                         records BIGINT NOT NULL, results BIGINT NOT NULL,
+                         committed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                         PRIMARY KEY (job, sink_table, epoch));"
+                ))
+                .await
+                .map_err(|e| err(format!("create the tables: {e}")))?;
+            Ok::<_, Error>(client)
+        })?;
+        let mut sink = PostgresSink {
+            rt,
+            client,
+            table: table.to_string(),
+            job: job.to_string(),
+            committed_records: 0,
+            epoch: 1,
+            keys: Vec::new(),
+            values: Vec::new(),
+        };
+        if let Some(&(epoch, records, _)) = sink.epochs()?.last() {
+            sink.epoch = epoch + 1;
+            sink.committed_records = records as u64;
+            tracing::info!(epoch, records, table, "postgres sink resumes after its last committed epoch");
+        }
+        Ok(sink)
+    }
+
+    fn err(&self, m: String) -> Error {
+        Error::Postgres { table: self.table.clone(), message: m }
+    }
+
+    /// The job's committed epochs, oldest first.
+    pub fn epochs(&self) -> Result<EpochLog> {
+        let rows = self
+            .rt
+            .block_on(self.client.query(
+                "SELECT epoch, records, results FROM km0_sink_epochs WHERE job = $1 AND sink_table = $2 ORDER BY epoch",
+                &[&self.job, &self.table],
+            ))
+            .map_err(|e| self.err(format!("read progress: {e}")))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+    }
+
+    /// Take a result produced when the job had read `records` records.
+    pub fn write(&mut self, key: &str, value: &str, records: u64) -> Result<()> {
+        if records > self.committed_records {
+            self.keys.push(key.to_string());
+            self.values.push(value.to_string());
+        }
+        Ok(())
+    }
+
+    /// Commit the results taken so far and the progress (`records`) in one transaction.
+    pub fn commit(&mut self, records: u64) -> Result<()> {
+        if records <= self.committed_records && self.keys.is_empty() {
+            return Ok(());
+        }
+        let results = self.keys.len() as i64;
+        // A key may be updated twice in one epoch (a late update): keep its last value.
+        let mut last = std::collections::HashMap::with_capacity(self.keys.len());
+        for (i, k) in self.keys.iter().enumerate() {
+            last.insert(k.as_str(), i);
+        }
+        let mut order: Vec<usize> = last.into_values().collect();
+        order.sort_unstable();
+        let keys: Vec<&str> = order.iter().map(|&i| self.keys[i].as_str()).collect();
+        let values: Vec<&str> = order.iter().map(|&i| self.values[i].as_str()).collect();
+        let (epoch, records_i) = (self.epoch, records as i64);
+        let upsert = format!(
+            "INSERT INTO {} (key, value, epoch)
+             SELECT k, v::jsonb, $3 FROM unnest($1::text[], $2::text[]) AS u(k, v)
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, epoch = EXCLUDED.epoch, updated_at = now()",
+            self.table
+        );
+        let (job, table) = (self.job.clone(), self.table.clone());
+        let client = &mut self.client;
+        let done: std::result::Result<(), tokio_postgres::Error> = self.rt.block_on(async {
+            let tx = client.transaction().await?;
+            if !keys.is_empty() {
+                tx.execute(&upsert, &[&keys, &values, &epoch]).await?;
+            }
+            tx.execute(
+                "INSERT INTO km0_sink_epochs (job, sink_table, epoch, records, results) VALUES ($1, $2, $3, $4, $5)",
+                &[&job, &table, &epoch, &records_i, &results],
+            )
+            .await?;
+            tx.commit().await
+        });
+        done.map_err(|e| self.err(format!("commit epoch {epoch}: {e}")))?;
+        self.epoch += 1;
+        self.committed_records = records;
+        self.keys.clear();
+        self.values.clear();
+        Ok(())
+    }
+}

@@ -1,0 +1,399 @@
+//! The Kafka source: JSON records from the partitions of one or more topics.
+//!
+//! Like Flink's Kafka source, km0 assigns itself every partition of its topics (found in
+//! the cluster's metadata) and keeps offsets in its own checkpoints, never auto-committed;
+//! the consumer group only receives the checkpointed offsets once a checkpoint is
+//! complete, so that lag shows in Kafka's tools. Each partition is a watermark partition.
+//!
+//! Partitions are read round-robin, one record from each in turn, exactly as the file
+//! source reads files: while a partition is behind its end the source waits for its next
+//! record instead of skipping it. The interleaving, and so which events are late and
+//! what every window holds, is therefore the same in every run over the same records:
+//! a replay after a failure, or the same records read from files, gives the same results.
+//! Only a partition that has reached the end of its log (live, nothing new yet) is skipped.
+//!
+//! Memory is bounded by librdkafka's prefetch limit (`queued.max.messages.kbytes`, 8 MiB
+//! per partition by default here): the job pulls records only as fast as it processes
+//! them, and [`KafkaSource::pause`] stops fetching while a sink drains.
+
+use super::{PartitionPosition, Position, SourcePosition};
+use crate::pipeline::{KafkaSourceSpec, StartAt};
+use crate::{Error, Result};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, DefaultConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a metadata or offsets request may take before the source gives up.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long one wait for a partition's next record lasts before the consumer's own
+/// events are served again.
+const WAIT: Duration = Duration::from_millis(100);
+/// How often the consumer's main queue (errors, commit results) is served.
+const SERVICE_EVERY: Duration = Duration::from_millis(200);
+
+type PartitionQueue = rdkafka::consumer::base_consumer::PartitionQueue<DefaultConsumerContext>;
+
+struct Part {
+    topic: String,
+    id: i32,
+    name: String,
+    queue: PartitionQueue,
+    /// Offset of the next record to hand out.
+    next_offset: i64,
+    records: u64,
+    /// Bounded runs stop at this offset (the end when the run started).
+    stop: Option<i64>,
+    /// The fetcher reached the end of the log and nothing arrived since.
+    at_end: bool,
+    done: bool,
+}
+
+/// Lag of one partition: records in the log not yet handed to the job.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionLag {
+    pub partition: String,
+    /// The log's end (high watermark) when asked.
+    pub high_watermark: i64,
+    /// The next offset the job reads.
+    pub position: i64,
+    pub lag: i64,
+}
+
+/// Every partition of the configured topics, read round-robin.
+pub struct KafkaSource {
+    consumer: Arc<BaseConsumer>,
+    parts: Vec<Part>,
+    next: usize,
+    ended: Vec<u32>,
+    buf: Vec<u8>,
+    brokers: String,
+    last_service: Instant,
+    paused: bool,
+}
+
+fn kafka_error(brokers: &str, what: impl std::fmt::Display, e: KafkaError) -> Error {
+    Error::Kafka { brokers: brokers.to_string(), message: format!("{what}: {e}") }
+}
+
+impl KafkaSource {
+    /// Connect, find the topics' partitions and position each one: at its offset in
+    /// `resume` (matched by topic/partition), else where `spec.start` says.
+    pub fn open(spec: &KafkaSourceSpec, resume: Option<&SourcePosition>) -> Result<KafkaSource> {
+        let brokers = spec.brokers.clone();
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &spec.brokers)
+            .set("group.id", &spec.group)
+            .set("client.id", "km0")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            .set("queued.max.messages.kbytes", "8192")
+            .set("auto.offset.reset", if spec.start == StartAt::Latest { "latest" } else { "earliest" });
+        for (k, v) in &spec.properties {
+            config.set(k, v);
+        }
+        let consumer: BaseConsumer =
+            config.create().map_err(|e| kafka_error(&brokers, "create the consumer", e))?;
+        let consumer = Arc::new(consumer);
+
+        if let Some(r) = resume {
+            if r.kind != "kafka" {
+                return Err(Error::Usage(format!(
+                    "the checkpoint or savepoint was taken reading a {} source; this pipeline reads Kafka",
+                    r.kind
+                )));
+            }
+        }
+        // Every partition of every topic, in (topic, partition) order.
+        let mut found = Vec::new();
+        for topic in &spec.topics {
+            let md = consumer
+                .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+                .map_err(|e| kafka_error(&brokers, format!("read the metadata of topic {topic:?}"), e))?;
+            let t = md.topics().iter().find(|t| t.name() == topic);
+            let mut ids: Vec<i32> =
+                t.map(|t| t.partitions().iter().map(|p| p.id()).collect()).unwrap_or_default();
+            if ids.is_empty() || t.and_then(|t| t.error()).is_some() {
+                return Err(Error::Kafka {
+                    brokers: brokers.clone(),
+                    message: format!("topic {topic:?} does not exist (create it before starting the job)"),
+                });
+            }
+            ids.sort_unstable();
+            found.extend(ids.into_iter().map(|id| (topic.clone(), id)));
+        }
+
+        // Starting offsets: the checkpoint's, else the configured start.
+        let committed =
+            if spec.start == StartAt::Committed {
+                let mut tpl = TopicPartitionList::new();
+                for (t, id) in &found {
+                    tpl.add_partition(t, *id);
+                }
+                Some(consumer.committed_offsets(tpl, REQUEST_TIMEOUT).map_err(|e| {
+                    kafka_error(&brokers, format!("read group {:?}'s offsets", spec.group), e)
+                })?)
+            } else {
+                None
+            };
+        let mut assignment = TopicPartitionList::new();
+        let mut starts = Vec::new();
+        for (topic, id) in &found {
+            let name = format!("{topic}/{id}");
+            let (low, high) = consumer
+                .fetch_watermarks(topic, *id, REQUEST_TIMEOUT)
+                .map_err(|e| kafka_error(&brokers, format!("read the offsets of {name}"), e))?;
+            let saved = resume.and_then(|r| r.partitions.iter().find(|p| p.name == name));
+            let from_group = committed.as_ref().and_then(|c| c.find_partition(topic, *id)).and_then(|e| {
+                match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                }
+            });
+            let start = match (saved, spec.start) {
+                (Some(p), _) => i64::try_from(p.offset).unwrap_or(i64::MAX),
+                (None, StartAt::Latest) => high,
+                (None, StartAt::Committed) => from_group.unwrap_or(low),
+                (None, StartAt::Earliest) => low,
+            };
+            if start < low {
+                tracing::warn!(partition = %name, start, low, "records before the log's start were deleted by retention");
+            }
+            assignment
+                .add_partition_offset(topic, *id, Offset::Offset(start.max(low)))
+                .map_err(|e| kafka_error(&brokers, format!("position {name}"), e))?;
+            starts.push((name, start.max(low), high, saved.map_or(0, |p| p.records)));
+        }
+        consumer.assign(&assignment).map_err(|e| kafka_error(&brokers, "assign the partitions", e))?;
+
+        let mut parts = Vec::with_capacity(found.len());
+        for ((topic, id), (name, start, high, records)) in found.into_iter().zip(starts) {
+            let queue = consumer.split_partition_queue(&topic, id).ok_or_else(|| Error::Kafka {
+                brokers: brokers.clone(),
+                message: format!("no queue for {name}"),
+            })?;
+            parts.push(Part {
+                topic,
+                id,
+                name,
+                queue,
+                next_offset: start,
+                records,
+                stop: spec.bounded.then_some(high),
+                at_end: false,
+                done: false,
+            });
+        }
+        let next = resume.map_or(0, |r| r.next as usize % parts.len().max(1));
+        tracing::info!(partitions = parts.len(), group = %spec.group, bounded = spec.bounded, "kafka source assigned");
+        Ok(KafkaSource {
+            consumer,
+            parts,
+            next,
+            ended: Vec::new(),
+            buf: Vec::with_capacity(1024),
+            brokers,
+            last_service: Instant::now(),
+            paused: false,
+        })
+    }
+
+    /// Records handed out so far, over all partitions (including before a resume).
+    pub fn records(&self) -> u64 {
+        self.parts.iter().map(|p| p.records).sum()
+    }
+
+    pub fn partitions(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// `topic/partition`.
+    pub fn partition_name(&self, p: u32) -> String {
+        self.parts[p as usize].name.clone()
+    }
+
+    /// Partitions that reached their stop offset since the last call (bounded runs).
+    pub fn take_ended(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// Serve the consumer's own events (errors, commit results); a fatal error ends the run.
+    fn service(&mut self) -> Result<()> {
+        if self.last_service.elapsed() < SERVICE_EVERY {
+            return Ok(());
+        }
+        self.last_service = Instant::now();
+        while let Some(event) = self.consumer.poll(Duration::ZERO) {
+            match event {
+                Ok(m) => tracing::warn!(
+                    topic = m.topic(),
+                    partition = m.partition(),
+                    "record on the main queue ignored"
+                ),
+                Err(e @ KafkaError::MessageConsumptionFatal(_)) => {
+                    return Err(kafka_error(&self.brokers, "consume", e))
+                }
+                Err(e) => tracing::warn!(error = %e, "kafka consumer"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The next record of the next partition that has one; `None` when every partition
+    /// is at its end (for now, or for good in a bounded run).
+    pub fn next_record(&mut self) -> Result<Option<(&[u8], Position)>> {
+        self.service()?;
+        let n = self.parts.len();
+        for _ in 0..n {
+            let p = self.next;
+            self.next = (self.next + 1) % n;
+            if self.parts[p].done {
+                continue;
+            }
+            if self.parts[p].stop.is_some_and(|s| self.parts[p].next_offset >= s) {
+                self.parts[p].done = true;
+                self.ended.push(p as u32);
+                continue;
+            }
+            // Wait for this partition's next record unless it is at the log's end.
+            loop {
+                let part = &mut self.parts[p];
+                let wait = if part.at_end || self.paused { Duration::ZERO } else { WAIT };
+                let got = match part.queue.poll(wait) {
+                    Some(Ok(m)) => {
+                        self.buf.clear();
+                        self.buf.extend_from_slice(m.payload().unwrap_or_default());
+                        Ok(m.offset())
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => {
+                        if part.at_end || self.paused {
+                            break;
+                        }
+                        self.last_service = Instant::now() - SERVICE_EVERY;
+                        self.service()?;
+                        continue;
+                    }
+                };
+                match got {
+                    Ok(offset) => {
+                        part.at_end = false;
+                        part.next_offset = offset + 1;
+                        part.records += 1;
+                        let pos = Position { partition: p as u32, line: 0, offset: offset as u64 };
+                        return Ok(Some((&self.buf, pos)));
+                    }
+                    Err(KafkaError::PartitionEOF(_)) => {
+                        part.at_end = true;
+                        // A bounded partition whose log ends before its stop offset
+                        // (compaction, transaction markers) is done.
+                        if part.stop.is_some() {
+                            part.done = true;
+                            self.ended.push(p as u32);
+                        }
+                        break;
+                    }
+                    Err(e @ KafkaError::MessageConsumptionFatal(_)) => {
+                        return Err(kafka_error(&self.brokers, format!("consume {}", part.name), e))
+                    }
+                    Err(e) => {
+                        tracing::warn!(partition = %part.name, error = %e, "kafka partition");
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// True when a bounded run has read every partition to its stop offset.
+    pub fn finished(&self) -> bool {
+        self.parts.iter().all(|p| p.done)
+    }
+
+    pub fn position(&self) -> SourcePosition {
+        SourcePosition {
+            kind: "kafka".into(),
+            partitions: self
+                .parts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| PartitionPosition {
+                    partition: i as u32,
+                    name: p.name.clone(),
+                    offset: p.next_offset.max(0) as u64,
+                    lines: 0,
+                    records: p.records,
+                })
+                .collect(),
+            next: self.next as u32,
+        }
+    }
+
+    /// A checkpoint holding `pos` is complete: commit its offsets to the consumer group
+    /// (asynchronously; only for monitoring, km0 resumes from its checkpoints).
+    pub fn checkpoint_complete(&self, pos: &SourcePosition) {
+        let mut tpl = TopicPartitionList::new();
+        for (pp, part) in pos.partitions.iter().zip(&self.parts) {
+            if tpl.add_partition_offset(&part.topic, part.id, Offset::Offset(pp.offset as i64)).is_err() {
+                return;
+            }
+        }
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+            tracing::warn!(error = %e, "committing offsets to the consumer group");
+        }
+    }
+
+    /// Stop fetching (a sink is draining); records already fetched stay queued.
+    pub fn pause(&mut self) -> Result<()> {
+        if !self.paused {
+            self.consumer
+                .pause(&self.assignment())
+                .map_err(|e| kafka_error(&self.brokers, "pause the partitions", e))?;
+            self.paused = true;
+        }
+        Ok(())
+    }
+
+    pub fn resume(&mut self) -> Result<()> {
+        if self.paused {
+            self.consumer
+                .resume(&self.assignment())
+                .map_err(|e| kafka_error(&self.brokers, "resume the partitions", e))?;
+            self.paused = false;
+        }
+        Ok(())
+    }
+
+    fn assignment(&self) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for p in &self.parts {
+            tpl.add_partition(&p.topic, p.id);
+        }
+        tpl
+    }
+
+    /// Lag per partition, asking the brokers for the logs' ends.
+    pub fn lag(&self) -> Result<Vec<PartitionLag>> {
+        self.parts
+            .iter()
+            .map(|p| {
+                let (_, high) = self
+                    .consumer
+                    .fetch_watermarks(&p.topic, p.id, REQUEST_TIMEOUT)
+                    .map_err(|e| kafka_error(&self.brokers, format!("read the offsets of {}", p.name), e))?;
+                Ok(PartitionLag {
+                    partition: p.name.clone(),
+                    high_watermark: high,
+                    position: p.next_offset,
+                    lag: (high - p.next_offset).max(0),
+                })
+            })
+            .collect()
+    }
+}

@@ -1,134 +1,19 @@
 //! Kafka in and out, against a real broker (tansu, started by the test) and a real
 //! PostgreSQL cluster: the stock-alert job from a 3-partition topic gives the same
 //! keyed results as the embedded file run of the same records, dead letters carry the
-//! original bytes and their origin, and SIGKILLs at several points change nothing in
-//! the keyed view of the output topic or in the PostgreSQL table, where every result is
-//! written exactly once.
+//! original bytes and their origin, SIGKILLs at several points change nothing in the
+//! keyed view of the output topic or in the PostgreSQL table, where every result is
+//! written exactly once, and a stalled sink broker pauses the source with memory flat.
 
-use km0::generate::{stock_stream, StockStream};
 use km0::job::{self, RunOptions};
-use km0::pipeline::Pipeline;
 use km0::plugin::PluginRuntime;
 use km0_e2e::services::{keyed_view_of, Postgres, Tansu};
+use km0_e2e::stock_topic::*;
 use km0_e2e::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const INPUT: &str = "pedidos.eventos";
-const PARTITIONS: i32 = 3;
-
-/// The test's own partitioner: records keyed by producto, spread by a hash of it;
-/// records with no readable producto by their position.
-fn partition_of(i: usize, record: &str) -> i32 {
-    let producto = serde_json::from_str::<serde_json::Value>(record)
-        .ok()
-        .and_then(|v| v.get("producto").and_then(|p| p.as_str()).map(String::from));
-    match producto {
-        Some(p) => {
-            (p.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % PARTITIONS as u32)
-                as i32
-        }
-        None => (i % PARTITIONS as usize) as i32,
-    }
-}
-
-/// The stock stream, split by partition: what goes to each partition, in order.
-struct Stream {
-    parts: Vec<Vec<String>>,
-    bad: usize,
-}
-
-fn stream(events: u64, bad_fraction: f64) -> Stream {
-    let spec = StockStream { events, seed: 5, late_fraction: 0.004, bad_fraction, ..Default::default() };
-    let mut buf = Vec::new();
-    let g = stock_stream(&spec, &mut buf).unwrap();
-    let text = String::from_utf8(buf).unwrap();
-    let mut parts = vec![Vec::new(); PARTITIONS as usize];
-    for (i, line) in text.lines().enumerate() {
-        parts[partition_of(i, line) as usize].push(line.to_string());
-    }
-    Stream { parts, bad: g.bad as usize }
-}
-
-impl Stream {
-    fn produce(&self, broker: &Tansu) {
-        broker.create_topic(INPUT, PARTITIONS);
-        let mut records = Vec::new();
-        for (p, lines) in self.parts.iter().enumerate() {
-            for l in lines {
-                let key = serde_json::from_str::<serde_json::Value>(l)
-                    .ok()
-                    .and_then(|v| v["producto"].as_str().map(String::from));
-                records.push((p as i32, key, l.clone().into_bytes()));
-            }
-        }
-        broker.produce(INPUT, &records);
-    }
-
-    /// The embedded run: one file per partition, read round-robin, as the reference.
-    fn file_run(&self, dir: &Path) -> (BTreeMap<String, serde_json::Value>, job::Counters, usize) {
-        let mut paths = Vec::new();
-        for (p, lines) in self.parts.iter().enumerate() {
-            let path = dir.join(format!("part-{p}.jsonl"));
-            std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-            paths.push(format!("{:?}", path.display().to_string()));
-        }
-        let pipeline = write_pipeline(
-            dir,
-            &format!("kind = \"file\"\npaths = [{}]", paths.join(", ")),
-            "kind = \"file\"\npath = \"out/alertas.jsonl\"",
-            "path = \"out/dead-letter.jsonl\"",
-            "",
-        );
-        let summary = job::run(&pipeline, &RunOptions::default(), &PluginRuntime::new().unwrap()).unwrap();
-        let results = std::fs::read_to_string(dir.join("out/alertas.jsonl")).unwrap().lines().count();
-        (keyed_view(&dir.join("out/alertas.jsonl")), summary.counters, results)
-    }
-}
-
-fn write_pipeline(dir: &Path, source: &str, sink: &str, dead_letter: &str, extra: &str) -> Pipeline {
-    let text = format!(
-        r#"
-name = "stock-alert"
-key = ["producto", "mercado"]
-[source]
-{source}
-[filter]
-tipo = "stock.actualizado"
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = "{plugin}"
-[plugin.config]
-threshold = 10
-[sink]
-{sink}
-[late]
-path = "out/late.jsonl"
-[dead_letter]
-{dead_letter}
-{extra}
-"#,
-        plugin = plugin("min-stock").display()
-    );
-    let path = dir.join("pipeline.toml");
-    std::fs::write(&path, text).unwrap();
-    Pipeline::load(&path).unwrap()
-}
-
-fn kafka_source(broker: &Tansu, group: &str) -> String {
-    format!(
-        "kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{INPUT}\"\ngroup = \"{group}\"\nbounded = true\n\
-         properties = {{ \"session.timeout.ms\" = \"6000\", \"heartbeat.interval.ms\" = \"1000\" }}",
-        broker.brokers
-    )
-}
 
 #[test]
 fn kafka_to_kafka_gives_the_file_runs_keyed_results_and_dead_letters_with_their_origin() {
@@ -303,4 +188,117 @@ fn a_transactional_sink_on_a_broker_without_transactions_is_refused_at_start() {
         job::run(&pipeline, &RunOptions::default(), &PluginRuntime::new().unwrap()).unwrap_err().to_string();
     assert!(err.contains("does not support them (no EndTxn, API key 26)"), "{err}");
     assert!(err.contains("mode = \"upsert\"") && err.contains("kind = \"postgres\""), "{err}");
+}
+
+/// Resident memory of a process, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+/// `consumer lag` log lines: (partition, lag, position, high watermark).
+fn lag_lines(log: &str) -> Vec<(String, i64, i64, i64)> {
+    let field = |l: &str, name: &str| -> String {
+        let at = l.find(&format!("{name}=")).map(|i| i + name.len() + 1).unwrap_or(l.len());
+        l[at..].split_whitespace().next().unwrap_or_default().to_string()
+    };
+    log.lines()
+        .filter(|l| l.contains("consumer lag"))
+        .map(|l| {
+            let n = |name| field(l, name).parse::<i64>().unwrap();
+            (field(l, "partition"), n("lag"), n("position"), n("high_watermark"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_stalled_sink_pauses_the_source_with_bounded_memory_and_lag_matching_the_broker() {
+    let (source, sink) = (Tansu::start(), Tansu::start());
+    let s = stream(150_000, 0.0);
+    s.produce(&source);
+    sink.create_topic("inventario.alertas", 1);
+    let ends = source.high_watermarks(INPUT);
+    let backlog: usize = s.parts.iter().flatten().map(|l| l.len() + 1).sum();
+
+    let dir = tempfile::tempdir().unwrap();
+    // Every window alerts (threshold above any stock), so the sink has much to write.
+    write_pipeline(
+        dir.path(),
+        &format!("{}\nlag_interval = \"200ms\"", kafka_source(&source, "km0-slow")),
+        &format!(
+            "kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"inventario.alertas\"\nmax_in_flight = 500",
+            sink.brokers
+        ),
+        "path = \"out/dead-letter.jsonl\"",
+        "",
+    );
+    let text = std::fs::read_to_string(dir.path().join("pipeline.toml"))
+        .unwrap()
+        .replace("threshold = 10", "threshold = 1000000");
+    std::fs::write(dir.path().join("pipeline.toml"), text).unwrap();
+    let log_path = dir.path().join("km0.log");
+    let mut child = Command::new(km0_bin())
+        .arg("run")
+        .arg(dir.path().join("pipeline.toml"))
+        .env("KM0_LOG", "km0=info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    // Stall the sink's broker once the job is under way.
+    let t = Instant::now();
+    while lag_lines(&log()).is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(60), "the job reports no lag: {}", log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sink.freeze(true);
+    let t = Instant::now();
+    while !log().contains("source paused") {
+        assert!(t.elapsed() < Duration::from_secs(60), "the source never paused: {}", log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // While paused: positions stand still and memory does not grow.
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_paused = rss_mib(child.id());
+    let lines_before = lag_lines(&log()).len();
+    let mut rss_max = rss_paused;
+    let stall = Instant::now();
+    while stall.elapsed() < Duration::from_secs(4) {
+        rss_max = rss_max.max(rss_mib(child.id()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let during: Vec<_> = lag_lines(&log())[lines_before..].to_vec();
+    sink.freeze(false);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{}", log());
+
+    assert!(during.len() >= 2 * PARTITIONS as usize, "lag reported while paused: {during:?}");
+    let still: BTreeMap<&str, i64> = during.iter().map(|(p, _, pos, _)| (p.as_str(), *pos)).collect();
+    for (p, _, pos, _) in &during {
+        assert_eq!(still[p.as_str()], *pos, "{p} advanced while the source was paused");
+    }
+    let remaining: i64 = during.iter().rev().take(PARTITIONS as usize).map(|(_, lag, _, _)| lag).sum();
+    assert!(remaining > 10_000, "a backlog remains in the topic while paused ({remaining} records)");
+    assert!(
+        rss_max - rss_paused < 16.0,
+        "memory grew from {rss_paused:.0} to {rss_max:.0} MiB while paused (backlog {} MiB)",
+        backlog >> 20
+    );
+    // Every lag report agrees with the broker's log ends (nothing is produced meanwhile).
+    let all = lag_lines(&log());
+    for (p, lag, pos, high) in &all {
+        let i: usize = p.rsplit_once('/').unwrap().1.parse().unwrap();
+        assert_eq!(*high, ends[i], "{p}: reported log end vs the broker's high watermark");
+        assert_eq!(*lag, high - pos, "{p}: lag = log end - position");
+    }
+    let text = log();
+    assert!(text.contains("the source paused"), "the summary counts the pauses: {text}");
+    assert!(text.contains(&format!("km0: lag {INPUT}/0: 0 ")), "{text}");
 }

@@ -2,6 +2,7 @@
 //! written into temporary folders, and small reference models to compare against.
 
 pub mod services;
+pub mod stock_topic;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

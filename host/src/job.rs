@@ -118,11 +118,6 @@ pub struct Summary {
     pub backpressure_pauses: u64,
 }
 
-/// A Kafka sink with more records than this unacknowledged pauses the source...
-const BACKLOG_HIGH: usize = 50_000;
-/// ... until it is down to this.
-const BACKLOG_LOW: usize = 10_000;
-
 /// How the job's plugins relate to the state it starts from.
 enum Upgrade {
     /// Same logic: state schemas must match.
@@ -139,7 +134,11 @@ pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> R
         (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
         (None, Some(c)) if !opts.no_recover => {
             let store = LocalStore::open(&c.dir)?;
-            store::latest_valid(&store)?.map(|(n, savepoint)| {
+            let transactional = matches!(
+                pipeline.sink,
+                SinkSpec::Kafka { mode: crate::pipeline::KafkaSinkMode::Transactional, .. }
+            );
+            store::latest_valid(&store, transactional)?.map(|(n, savepoint)| {
                 tracing::info!(checkpoint = n, "recovering from the latest checkpoint");
                 Restore { savepoint, checkpoint: Some(n) }
             })
@@ -280,8 +279,10 @@ fn start(
             ResultSink::Jsonl(JsonlSink::open("output", path, sink_pos("output").as_ref())?)
         }
         (None, SinkSpec::Stdout) => ResultSink::Jsonl(JsonlSink::stdout("output")),
-        (None, SinkSpec::Kafka { target, mode }) => {
-            ResultSink::Kafka(KafkaSink::open(target, *mode, &txn_id)?)
+        (None, SinkSpec::Kafka { target, mode, max_in_flight }) => {
+            let mut sink = KafkaSink::open(target, *mode, &txn_id)?;
+            sink.set_max_in_flight(*max_in_flight);
+            ResultSink::Kafka(sink)
         }
         (None, SinkSpec::Postgres { url, table }) => {
             ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.name)?)
@@ -310,6 +311,10 @@ fn start(
     let mut stats = CheckpointStats::default();
     let mut idle_loops = 0u32;
     let mut backpressure_pauses = 0u64;
+    let mut lag_at = LagReport { every: Duration::from_secs(5), last: Instant::now() };
+    if let crate::pipeline::SourceSpec::Kafka(k) = &pipeline.source {
+        lag_at.every = Duration::from_millis(k.lag_interval_ms as u64);
+    }
     while !stopped {
         match source.next_record()? {
             Some((record, pos)) => {
@@ -327,10 +332,11 @@ fn start(
                     if let Some(c) = checkpoints.as_mut() {
                         c.completed(&mut job, &source, false)?;
                     }
-                    if job.output.as_ref().is_some_and(|o| o.backlog() > BACKLOG_HIGH) {
+                    if job.output.as_ref().is_some_and(ResultSink::behind) {
                         backpressure_pauses += 1;
-                        job.drain_output(&mut source)?;
+                        job.drain_output(&mut source, &mut lag_at)?;
                     }
+                    report_lag(&source, &mut lag_at);
                 }
             }
             None if follow => {
@@ -338,6 +344,7 @@ fn start(
                 for p in source.take_ended() {
                     job.partition_ended(p)?;
                 }
+                report_lag(&source, &mut lag_at);
                 if let Some(c) = checkpoints.as_mut() {
                     c.completed(&mut job, &source, false)?;
                     if c.due_by_time() {
@@ -460,8 +467,8 @@ struct Checkpointer {
     next: u64,
     last: Instant,
     records_at_last: u64,
-    /// The checkpoint being written, with the source position it holds.
-    writing: Option<(std::thread::JoinHandle<Result<()>>, SourcePosition)>,
+    /// The checkpoint being written: its number and the source position it holds.
+    writing: Option<(std::thread::JoinHandle<Result<()>>, u64, SourcePosition)>,
     /// Wait for every checkpoint before going on (the sink commits at completion).
     synchronous: bool,
 }
@@ -518,7 +525,7 @@ impl Checkpointer {
                 })
             }
         };
-        self.writing = Some((writer, position));
+        self.writing = Some((writer, n, position));
         if self.synchronous {
             self.completed(job, source, true)?;
         }
@@ -533,15 +540,18 @@ impl Checkpointer {
     /// source (Kafka commits the offsets to its group) and the sink (a transactional sink
     /// commits the epoch).
     fn completed(&mut self, job: &mut Job, source: &Source, wait: bool) -> Result<()> {
-        let done = self.writing.as_ref().is_some_and(|(h, _)| wait || h.is_finished());
+        let done = self.writing.as_ref().is_some_and(|(h, _, _)| wait || h.is_finished());
         if !done {
             return Ok(());
         }
-        let Some((h, position)) = self.writing.take() else { return Ok(()) };
+        let Some((h, n, position)) = self.writing.take() else { return Ok(()) };
         h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into()))??;
         source.checkpoint_complete(&position);
         if let Some(out) = job.output.as_mut() {
             out.checkpoint_complete()?;
+            if out.commits_on_completion() {
+                self.store.mark_committed(n)?;
+            }
         }
         Ok(())
     }
@@ -924,13 +934,18 @@ impl Job {
 
     /// Backpressure: the result sink is far behind; stop fetching and wait until it has
     /// caught up (memory stays bounded whatever the backlog in the source).
-    fn drain_output(&mut self, source: &mut Source) -> Result<()> {
+    fn drain_output(&mut self, source: &mut Source, lag_at: &mut LagReport) -> Result<()> {
         source.pause()?;
+        tracing::info!("backpressure: the sink is behind, source paused");
         let t = Instant::now();
-        while self.output.as_ref().is_some_and(|o| o.backlog() > BACKLOG_LOW) {
+        while self.output.as_ref().is_some_and(|o| !o.caught_up()) {
             std::thread::sleep(Duration::from_millis(2));
+            report_lag(source, lag_at);
         }
-        tracing::debug!(waited_ms = t.elapsed().as_millis() as u64, "source paused while the sink caught up");
+        tracing::info!(
+            waited_ms = t.elapsed().as_millis() as u64,
+            "backpressure: sink caught up, source resumed"
+        );
         source.resume()
     }
 
@@ -1143,5 +1158,28 @@ fn idleness(pipeline: &Pipeline) -> Idleness {
     Idleness {
         timeout: p.idle_timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
         after_records: p.idle_after_records,
+    }
+}
+
+/// When the consumer lag was last logged, and how often it is.
+struct LagReport {
+    every: Duration,
+    last: Instant,
+}
+
+/// Log the consumer lag of a Kafka source when due.
+fn report_lag(source: &Source, at: &mut LagReport) {
+    if !matches!(source, Source::Kafka(_)) || at.last.elapsed() < at.every {
+        return;
+    }
+    at.last = Instant::now();
+    for l in source.cached_lag().into_iter().filter(|l| l.high_watermark >= 0) {
+        tracing::info!(
+            partition = %l.partition,
+            lag = l.lag,
+            position = l.position,
+            high_watermark = l.high_watermark,
+            "consumer lag"
+        );
     }
 }

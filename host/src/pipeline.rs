@@ -101,6 +101,8 @@ pub struct KafkaSourceSpec {
     /// Stop at the end offsets seen at start (a bounded run, like a file).
     pub bounded: bool,
     pub partitioning: Partitioning,
+    /// How often the consumer lag is logged.
+    pub lag_interval_ms: i64,
     /// Extra librdkafka consumer settings.
     pub properties: Vec<(String, String)>,
 }
@@ -209,6 +211,8 @@ pub enum SinkSpec {
     Kafka {
         target: KafkaTarget,
         mode: KafkaSinkMode,
+        /// Unacknowledged records above which the source pauses (backpressure).
+        max_in_flight: usize,
     },
     /// Upserts into a PostgreSQL table, committed with the job's progress in one
     /// database transaction at every checkpoint.
@@ -301,6 +305,8 @@ enum RawSource {
         idle_timeout: Option<i64>,
         #[serde(default)]
         idle_after_records: Option<u64>,
+        #[serde(default, deserialize_with = "opt_duration_ms")]
+        lag_interval: Option<i64>,
         #[serde(default)]
         properties: BTreeMap<String, String>,
     },
@@ -373,6 +379,8 @@ enum RawSink {
         topic: String,
         #[serde(default)]
         mode: Option<KafkaSinkMode>,
+        #[serde(default)]
+        max_in_flight: Option<usize>,
         #[serde(default)]
         properties: BTreeMap<String, String>,
     },
@@ -593,6 +601,7 @@ impl Pipeline {
                 bounded,
                 idle_timeout,
                 idle_after_records,
+                lag_interval,
                 properties,
             } => {
                 let mut all: Vec<String> = topic.into_iter().collect();
@@ -615,6 +624,7 @@ impl Pipeline {
                         idle_after_records,
                     },
                     properties: properties.into_iter().collect(),
+                    lag_interval_ms: lag_interval.unwrap_or(5_000).max(100),
                 })
             }
         };
@@ -631,13 +641,18 @@ impl Pipeline {
         let sink = match raw.sink {
             RawSink::File { path } => SinkSpec::File { path: resolve(&path) },
             RawSink::Stdout => SinkSpec::Stdout,
-            RawSink::Kafka { brokers, topic, mode, properties } => SinkSpec::Kafka {
+            RawSink::Kafka { brokers, topic, mode, max_in_flight, properties } => SinkSpec::Kafka {
                 target: KafkaTarget {
                     brokers: brokers_for(brokers, "sink")?,
                     topic,
                     properties: properties.into_iter().collect(),
                 },
                 mode: mode.unwrap_or(KafkaSinkMode::Upsert),
+                max_in_flight: match max_in_flight {
+                    Some(0) => return Err(err("`sink.max_in_flight` must be at least 1".into())),
+                    Some(n) => n,
+                    None => 50_000,
+                },
             },
             RawSink::Postgres { url, table } => {
                 let valid = table.split('.').all(|part| {
@@ -685,6 +700,14 @@ impl Pipeline {
             }),
         };
 
+        let transactional = matches!(sink, SinkSpec::Kafka { mode: KafkaSinkMode::Transactional, .. });
+        if transactional && checkpoints.as_ref().is_some_and(|c| c.retain < 2) {
+            return Err(err(
+                "`checkpoints.retain` must be at least 2 with a transactional sink (recovery may need the \
+                 checkpoint before the newest)"
+                    .into(),
+            ));
+        }
         let follows = match &source {
             SourceSpec::File { follow, .. } => *follow,
             SourceSpec::Kafka(k) => !k.bounded,
@@ -882,7 +905,8 @@ topic = "km0.dead-letter"
         assert_eq!(k.topics, ["pedidos.eventos"]);
         assert_eq!((k.group.as_str(), k.start, k.bounded), ("km0-stock-alert", StartAt::Earliest, false));
         assert_eq!(k.properties, [("session.timeout.ms".to_string(), "6000".to_string())]);
-        let SinkSpec::Kafka { target, mode } = &p.sink else { panic!("a kafka sink") };
+        let SinkSpec::Kafka { target, mode, max_in_flight } = &p.sink else { panic!("a kafka sink") };
+        assert_eq!(*max_in_flight, 50_000);
         assert_eq!((target.brokers.as_str(), *mode), ("127.0.0.1:9092", KafkaSinkMode::Upsert));
         assert!(matches!(&p.dead_letter, DeadLetterSpec::Kafka(t) if t.topic == "km0.dead-letter"));
         // Unbounded Kafka keeps large state in RocksDB by default.

@@ -18,6 +18,10 @@ pub trait SnapshotStore {
     /// Read and verify snapshot `n`.
     fn read(&self, n: u64) -> Result<Savepoint>;
     fn remove(&self, n: u64) -> Result<()>;
+    /// Record that the sink transaction of snapshot `n`'s epoch committed.
+    fn mark_committed(&self, n: u64) -> Result<()>;
+    /// True once [`SnapshotStore::mark_committed`] was called for `n`.
+    fn is_committed(&self, n: u64) -> bool;
 }
 
 /// Snapshots as folders in a local directory.
@@ -71,11 +75,32 @@ impl SnapshotStore for LocalStore {
         let p = self.path(n);
         std::fs::remove_dir_all(&p).map_err(|e| Error::io("remove checkpoint", p, e))
     }
+
+    fn mark_committed(&self, n: u64) -> Result<()> {
+        let p = self.path(n).join(COMMITTED);
+        let f = std::fs::File::create(&p).map_err(|e| Error::io("mark committed", &p, e))?;
+        f.sync_all().map_err(|e| Error::io("sync", &p, e))
+    }
+
+    fn is_committed(&self, n: u64) -> bool {
+        self.path(n).join(COMMITTED).is_file()
+    }
 }
 
+/// Marker of a checkpoint whose epoch's sink transaction committed.
+const COMMITTED: &str = "COMMITTED";
+
 /// The newest snapshot that reads back intact; corrupt ones are skipped with a warning.
-pub fn latest_valid(store: &dyn SnapshotStore) -> Result<Option<(u64, Savepoint)>> {
+/// With `committed_only` (a transactional sink), only snapshots whose epoch's transaction
+/// committed count: a crash between a durable checkpoint and its commit left that
+/// transaction open, the restarted producer aborts it, and the job replays the epoch
+/// from the checkpoint before.
+pub fn latest_valid(store: &dyn SnapshotStore, committed_only: bool) -> Result<Option<(u64, Savepoint)>> {
     for n in store.list()?.into_iter().rev() {
+        if committed_only && !store.is_committed(n) {
+            tracing::info!(checkpoint = n, "skipping a checkpoint whose transaction did not commit");
+            continue;
+        }
         match store.read(n) {
             Ok(sp) => return Ok(Some((n, sp))),
             Err(e) => {

@@ -64,6 +64,8 @@ pub struct KafkaSink {
     target: KafkaTarget,
     transactional: bool,
     sent: u64,
+    /// Unacknowledged records above which the job pauses its source.
+    max_in_flight: usize,
 }
 
 impl KafkaSink {
@@ -120,7 +122,7 @@ impl KafkaSink {
             producer.init_transactions(TXN_TIMEOUT).map_err(|e| err(format!("init transactions: {e}")))?;
             producer.begin_transaction().map_err(|e| err(format!("begin a transaction: {e}")))?;
         }
-        Ok(KafkaSink { producer, target: target.clone(), transactional, sent: 0 })
+        Ok(KafkaSink { producer, target: target.clone(), transactional, sent: 0, max_in_flight: 50_000 })
     }
 
     pub fn transactional(&self) -> bool {
@@ -158,6 +160,20 @@ impl KafkaSink {
     /// Records sent and not yet acknowledged.
     pub fn in_flight(&self) -> usize {
         self.producer.in_flight_count().max(0) as usize
+    }
+
+    pub fn set_max_in_flight(&mut self, n: usize) {
+        self.max_in_flight = n.max(1);
+    }
+
+    /// Too much unacknowledged: the source should pause.
+    pub fn behind(&self) -> bool {
+        self.in_flight() > self.max_in_flight
+    }
+
+    /// Down to a fifth of the limit: the source may go on.
+    pub fn caught_up(&self) -> bool {
+        self.in_flight() <= self.max_in_flight / 5
     }
 
     /// Wait until everything sent is acknowledged; fail if anything was not delivered.

@@ -203,11 +203,16 @@ impl ResultSink {
         }
     }
 
-    /// Records sent and not yet acknowledged (Kafka), for backpressure.
-    pub fn backlog(&self) -> usize {
+    /// The sink is far behind (Kafka: too many unacknowledged records): backpressure.
+    pub fn behind(&self) -> bool {
+        matches!(self, ResultSink::Kafka(s) if s.behind())
+    }
+
+    /// The sink has caught up enough for the source to go on.
+    pub fn caught_up(&self) -> bool {
         match self {
-            ResultSink::Kafka(s) => s.in_flight(),
-            _ => 0,
+            ResultSink::Kafka(s) => s.caught_up(),
+            _ => true,
         }
     }
 }

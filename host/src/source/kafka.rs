@@ -93,6 +93,9 @@ impl KafkaSource {
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true")
             .set("queued.max.messages.kbytes", "8192")
+            // Fetch again soon after the job drained a partition's queue.
+            .set("fetch.queue.backoff.ms", "20")
+            .set("fetch.wait.max.ms", "100")
             .set("auto.offset.reset", if spec.start == StartAt::Latest { "latest" } else { "earliest" });
         for (k, v) in &spec.properties {
             config.set(k, v);
@@ -376,6 +379,38 @@ impl KafkaSource {
             tpl.add_partition(&p.topic, p.id);
         }
         tpl
+    }
+
+    /// Lag per partition from the log ends the consumer learnt with its last fetch
+    /// responses (no request: cheap enough for the processing loop). A partition not
+    /// fetched from yet reports a log end of -1.
+    pub fn cached_lag(&self) -> Vec<PartitionLag> {
+        self.parts
+            .iter()
+            .map(|p| {
+                let (mut low, mut high) = (-1i64, -1i64);
+                if let Ok(topic) = std::ffi::CString::new(p.topic.as_str()) {
+                    // SAFETY: the client pointer is valid while `self.consumer` lives, the
+                    // topic is a NUL-terminated string and the outputs are plain i64s;
+                    // librdkafka only reads its own cache here.
+                    unsafe {
+                        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                            self.consumer.client().native_ptr(),
+                            topic.as_ptr(),
+                            p.id,
+                            &mut low,
+                            &mut high,
+                        );
+                    }
+                }
+                PartitionLag {
+                    partition: p.name.clone(),
+                    high_watermark: high,
+                    position: p.next_offset,
+                    lag: if high < 0 { 0 } else { (high - p.next_offset).max(0) },
+                }
+            })
+            .collect()
     }
 
     /// Lag per partition, asking the brokers for the logs' ends.

@@ -111,11 +111,19 @@ impl Source {
         }
     }
 
-    /// Consumer lag per partition (Kafka); empty for files.
+    /// Consumer lag per partition (Kafka), asking the brokers; empty for files.
     pub fn lag(&self) -> Result<Vec<kafka::PartitionLag>> {
         match self {
             Source::File(_) => Ok(Vec::new()),
             Source::Kafka(s) => s.lag(),
+        }
+    }
+
+    /// Consumer lag per partition from the consumer's cache (no request); empty for files.
+    pub fn cached_lag(&self) -> Vec<kafka::PartitionLag> {
+        match self {
+            Source::File(_) => Vec::new(),
+            Source::Kafka(s) => s.cached_lag(),
         }
     }
 }

@@ -41,11 +41,25 @@ pub struct StockJob {
     pub delay: &'static str,
     pub threshold: i64,
     pub batch_size: usize,
+    /// The body of `[source]`, `[sink]` and `[dead_letter]`, and sections to append.
+    pub source: String,
+    pub sink: String,
+    pub dead_letter: String,
+    pub extra: String,
 }
 
 impl StockJob {
     pub fn new(delay: &'static str, threshold: i64) -> Self {
-        StockJob { plugin: plugin("min-stock"), delay, threshold, batch_size: 8192 }
+        StockJob {
+            plugin: plugin("min-stock"),
+            delay,
+            threshold,
+            batch_size: 8192,
+            source: "kind = \"file\"\npath = \"in.jsonl\"".into(),
+            sink: "kind = \"file\"\npath = \"out/alertas.jsonl\"".into(),
+            dead_letter: "path = \"out/dead-letter.jsonl\"".into(),
+            extra: String::new(),
+        }
     }
 
     /// Write `pipeline.toml` into `dir` (input `in.jsonl`, outputs under `out/`).
@@ -55,8 +69,7 @@ impl StockJob {
 name = "stock-alert"
 key = ["producto", "mercado"]
 [source]
-kind = "file"
-path = "in.jsonl"
+{source}
 [filter]
 tipo = "stock.actualizado"
 [event_time]
@@ -71,19 +84,23 @@ batch_size = {batch}
 [plugin.config]
 threshold = {threshold}
 [sink]
-kind = "file"
-path = "out/alertas.jsonl"
+{sink}
 [late]
 path = "out/late.jsonl"
 [dead_letter]
-path = "out/dead-letter.jsonl"
+{dead_letter}
 [savepoints]
 dir = "out/savepoints"
+{extra}
 "#,
             delay = self.delay,
             plugin = self.plugin.display(),
             batch = self.batch_size,
-            threshold = self.threshold
+            threshold = self.threshold,
+            source = self.source,
+            sink = self.sink,
+            dead_letter = self.dead_letter,
+            extra = self.extra,
         );
         let path = dir.join("pipeline.toml");
         std::fs::write(&path, text).expect("write pipeline");

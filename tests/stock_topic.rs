@@ -4,7 +4,7 @@
 //! records as one file per partition for the embedded reference run.
 
 use crate::services::Tansu;
-use crate::{keyed_view, plugin};
+use crate::{keyed_view, StockJob};
 use km0::generate::{stock_stream, StockStream};
 use km0::job::{self, RunOptions};
 use km0::pipeline::Pipeline;
@@ -84,38 +84,16 @@ impl Stream {
     }
 }
 
+/// The stock-alert pipeline (2-minute watermark, threshold 10) with these sections.
 pub fn write_pipeline(dir: &Path, source: &str, sink: &str, dead_letter: &str, extra: &str) -> Pipeline {
-    let text = format!(
-        r#"
-name = "stock-alert"
-key = ["producto", "mercado"]
-[source]
-{source}
-[filter]
-tipo = "stock.actualizado"
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = "{plugin}"
-[plugin.config]
-threshold = 10
-[sink]
-{sink}
-[late]
-path = "out/late.jsonl"
-[dead_letter]
-{dead_letter}
-{extra}
-"#,
-        plugin = plugin("min-stock").display()
-    );
-    let path = dir.join("pipeline.toml");
-    std::fs::write(&path, text).unwrap();
-    Pipeline::load(&path).unwrap()
+    let job = StockJob {
+        source: source.into(),
+        sink: sink.into(),
+        dead_letter: dead_letter.into(),
+        extra: extra.into(),
+        ..StockJob::new("2m", 10)
+    };
+    Pipeline::load(&job.write(dir)).unwrap()
 }
 
 pub fn kafka_source(broker: &Tansu, group: &str) -> String {

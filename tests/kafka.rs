@@ -68,6 +68,18 @@ fn kafka_to_kafka_gives_the_file_runs_keyed_results_and_dead_letters_with_their_
     }
     let committed = broker.committed("km0-test", INPUT, PARTITIONS);
     assert_eq!(committed, ends, "offsets committed to the group after the run");
+
+    // Without a checkpoint, `start` decides: the group's offsets (all read) or the log
+    // ends give nothing to read; `earliest` reads everything again.
+    for (start, want_read) in [("committed", 0), ("latest", 0), ("earliest", want_counters.read)] {
+        let dir = tempfile::tempdir().unwrap();
+        let source = format!("{}\nstart = \"{start}\"", kafka_source(&broker, "km0-test"));
+        let p =
+            write_pipeline(dir.path(), &source, "kind = \"stdout\"", "path = \"out/dead-letter.jsonl\"", "");
+        let opts = RunOptions { output: Some(dir.path().join("out.jsonl")), ..Default::default() };
+        let s = job::run(&p, &opts, &PluginRuntime::new().unwrap()).unwrap();
+        assert_eq!(s.counters.read, want_read, "start = {start}");
+    }
 }
 
 /// Run `km0 run pipeline.toml` and SIGKILL it once `kills[i]` checkpoints exist, then

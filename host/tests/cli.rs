@@ -82,3 +82,19 @@ fn plugin_inspect_describes_a_component() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a WebAssembly component"));
 }
+
+#[test]
+fn every_example_pipeline_validates() {
+    let mut checked = 0;
+    for dir in std::fs::read_dir(repo().join("examples")).unwrap().flatten() {
+        for f in std::fs::read_dir(dir.path()).unwrap().flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.starts_with("pipeline") && name.ends_with(".toml") {
+                let out = km0().arg("validate").arg(f.path()).output().unwrap();
+                assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 6, "example pipelines found: {checked}");
+}

@@ -134,11 +134,21 @@ pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> R
         (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
         (None, Some(c)) if !opts.no_recover => {
             let store = LocalStore::open(&c.dir)?;
-            let transactional = matches!(
-                pipeline.sink,
-                SinkSpec::Kafka { mode: crate::pipeline::KafkaSinkMode::Transactional, .. }
-            );
-            store::latest_valid(&store, transactional)?.map(|(n, savepoint)| {
+            let transactional = opts.output.is_none()
+                && matches!(
+                    pipeline.sink,
+                    SinkSpec::Kafka { mode: crate::pipeline::KafkaSinkMode::Transactional, .. }
+                );
+            let found = store::latest_valid(&store, transactional)?;
+            if transactional {
+                // Checkpoints after the one recovered from never committed: drop them, so
+                // that pruning cannot remove the last committed one.
+                let newest = found.as_ref().map_or(0, |(n, _)| *n);
+                for n in store.list()?.into_iter().filter(|&n| n > newest) {
+                    store.remove(n)?;
+                }
+            }
+            found.map(|(n, savepoint)| {
                 tracing::info!(checkpoint = n, "recovering from the latest checkpoint");
                 Restore { savepoint, checkpoint: Some(n) }
             })
@@ -267,6 +277,13 @@ fn start(
             job.watermarks.partition(&source.partition_name(p as u32));
         }
     }
+    if matches!(source, Source::Kafka(_)) {
+        // Kafka partitions meet their clocks by name: a topic may have gained partitions
+        // since the checkpoint (a new one gets a clock of its own).
+        job.clock_of = (0..source.partitions())
+            .map(|p| job.watermarks.partition(&source.partition_name(p as u32)))
+            .collect();
+    }
 
     // Sinks are opened only once everything above has been checked.
     let sink_pos =
@@ -391,7 +408,7 @@ fn start(
         }
         job.write_results()?;
         if let Some(out) = job.output.as_mut() {
-            out.commit(job.read)?;
+            out.commit(job.results_out)?;
         }
         if let Some(late) = job.late.as_mut() {
             late.commit()?;
@@ -699,6 +716,11 @@ struct Job {
     watermarks: Watermarks,
     /// Partitions by field value instead of by file.
     by_field: bool,
+    /// Watermark clock of each source partition, when not the same index (Kafka).
+    clock_of: Vec<usize>,
+    /// Results handed to the sink so far (restored with the state): a result's ordinal
+    /// identifies it across a replay.
+    results_out: u64,
     read: u64,
     filtered: u64,
     dead_lettered: u64,
@@ -784,6 +806,8 @@ impl Job {
             ops,
             watermarks: Watermarks::new(pipeline.event_time.watermark_delay_ms, idleness),
             by_field,
+            clock_of: Vec::new(),
+            results_out: 0,
             read: 0,
             filtered: 0,
             dead_lettered: 0,
@@ -823,7 +847,7 @@ impl Job {
         let slots = &mut slots[..self.decoder.projection.len()];
         if let Err(e) = self.decoder.projection.scan(record, slots) {
             if !self.by_field {
-                self.watermarks.on_record(pos.partition as usize);
+                self.watermarks.on_record(self.clock(pos.partition));
             }
             return self.dead_letter(&format!("not a valid JSON object: {e}"), record, pos);
         }
@@ -831,7 +855,7 @@ impl Job {
             let name = self.decoder.partition_name(slots);
             self.watermarks.partition(&name)
         } else {
-            pos.partition as usize
+            self.clock(pos.partition)
         };
         let before = self.watermarks.current();
         let wm = self.watermarks.on_record(partition);
@@ -883,12 +907,18 @@ impl Job {
             return Ok(());
         }
         let before = self.watermarks.current();
-        let wm = self.watermarks.finish(p as usize);
+        let wm = self.watermarks.finish(self.clock(p));
         if wm > before {
             self.advance(wm)?;
             self.write_results()?;
         }
         Ok(())
+    }
+
+    /// The watermark clock of source partition `p`.
+    #[inline]
+    fn clock(&self, p: u32) -> usize {
+        self.clock_of.get(p as usize).copied().unwrap_or(p as usize)
     }
 
     fn advance(&mut self, wm: i64) -> Result<()> {
@@ -925,7 +955,8 @@ impl Job {
         self.write_rejected()?;
         if let Some(s) = self.output.as_mut() {
             for e in self.results.drain(..) {
-                s.write(&e.key, &e.value, self.read, &mut self.line_buf)?;
+                self.results_out += 1;
+                s.write(&e.key, &e.value, self.results_out, &mut self.line_buf)?;
             }
         }
         self.results.clear();
@@ -1071,6 +1102,7 @@ impl Job {
         self.read = meta.counters.read;
         self.filtered = meta.counters.filtered;
         self.dead_lettered = meta.counters.dead_lettered;
+        self.results_out = meta.counters.emitted;
         Ok(migrated)
     }
 
@@ -1113,7 +1145,7 @@ impl Job {
         self.write_results()?;
         let mut sinks = Vec::new();
         if let Some(out) = self.output.as_mut() {
-            sinks.extend(out.position(self.read)?);
+            sinks.extend(out.position(self.results_out)?);
         }
         if let Some(late) = self.late.as_mut() {
             sinks.extend(late.position()?);

@@ -701,6 +701,18 @@ impl Pipeline {
         };
 
         let transactional = matches!(sink, SinkSpec::Kafka { mode: KafkaSinkMode::Transactional, .. });
+        let unbounded = match &source {
+            SourceSpec::File { follow, .. } => *follow,
+            SourceSpec::Kafka(k) => !k.bounded,
+        };
+        if (transactional || matches!(sink, SinkSpec::Postgres { .. })) && unbounded && checkpoints.is_none()
+        {
+            return Err(err(
+                "this sink commits at checkpoints: an unbounded source needs `[checkpoints]`, or nothing is ever \
+                 committed"
+                    .into(),
+            ));
+        }
         if transactional && checkpoints.as_ref().is_some_and(|c| c.retain < 2) {
             return Err(err(
                 "`checkpoints.retain` must be at least 2 with a transactional sink (recovery may need the \

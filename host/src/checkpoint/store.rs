@@ -79,7 +79,9 @@ impl SnapshotStore for LocalStore {
     fn mark_committed(&self, n: u64) -> Result<()> {
         let p = self.path(n).join(COMMITTED);
         let f = std::fs::File::create(&p).map_err(|e| Error::io("mark committed", &p, e))?;
-        f.sync_all().map_err(|e| Error::io("sync", &p, e))
+        f.sync_all().map_err(|e| Error::io("sync", &p, e))?;
+        let dir = self.path(n);
+        std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("sync", dir, e))
     }
 
     fn is_committed(&self, n: u64) -> bool {

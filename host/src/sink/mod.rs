@@ -151,9 +151,10 @@ pub enum ResultSink {
 
 impl ResultSink {
     /// Write one result: its key (`window_start|key fields`) and its JSON value.
-    /// `records` is how many source records the job had read when it was produced.
+    /// `ordinal` numbers the job's results from 1 (the same result has the same ordinal
+    /// in a replay).
     #[inline]
-    pub fn write(&mut self, key: &str, value: &str, records: u64, line: &mut Vec<u8>) -> Result<()> {
+    pub fn write(&mut self, key: &str, value: &str, ordinal: u64, line: &mut Vec<u8>) -> Result<()> {
         match self {
             ResultSink::Jsonl(s) => {
                 line.clear();
@@ -166,17 +167,18 @@ impl ResultSink {
                 s.write_line(line)
             }
             ResultSink::Kafka(s) => s.send(Some(key.as_bytes()), value.as_bytes(), None),
-            ResultSink::Postgres(s) => s.write(key, value, records),
+            ResultSink::Postgres(s) => s.write(key, value, ordinal),
         }
     }
 
-    /// The checkpoint barrier: everything written so far is flushed (file),
-    /// acknowledged (Kafka) or committed with the job's progress (PostgreSQL).
-    pub fn position(&mut self, records: u64) -> Result<Option<SinkPosition>> {
+    /// The checkpoint barrier: everything written so far (up to result `ordinal`) is
+    /// flushed (file), acknowledged (Kafka) or committed with the job's progress
+    /// (PostgreSQL).
+    pub fn position(&mut self, ordinal: u64) -> Result<Option<SinkPosition>> {
         match self {
             ResultSink::Jsonl(s) => s.position(),
             ResultSink::Kafka(s) => s.barrier().map(|_| None),
-            ResultSink::Postgres(s) => s.commit(records).map(|_| None),
+            ResultSink::Postgres(s) => s.commit(ordinal).map(|_| None),
         }
     }
 
@@ -195,11 +197,11 @@ impl ResultSink {
     }
 
     /// End of a bounded run: make everything durable.
-    pub fn commit(&mut self, records: u64) -> Result<Option<SinkPosition>> {
+    pub fn commit(&mut self, ordinal: u64) -> Result<Option<SinkPosition>> {
         match self {
             ResultSink::Jsonl(s) => s.commit(),
             ResultSink::Kafka(s) => s.barrier().and_then(|_| s.commit_epoch()).map(|_| None),
-            ResultSink::Postgres(s) => s.commit(records).map(|_| None),
+            ResultSink::Postgres(s) => s.commit(ordinal).map(|_| None),
         }
     }
 
@@ -237,7 +239,10 @@ impl DeadLetterSink {
         match self {
             DeadLetterSink::Jsonl(s) => s.write_line(json),
             DeadLetterSink::Kafka(s) => {
-                s.send(None, original, Some(kafka::dead_letter_headers(reason, headers)))
+                // Keyed by origin, so a replay's copy of a dead letter compacts onto the first.
+                let key: Vec<String> = headers.iter().map(|(_, v)| v.clone()).collect();
+                let key = key.join("|");
+                s.send(Some(key.as_bytes()), original, Some(kafka::dead_letter_headers(reason, headers)))
             }
         }
     }

@@ -3,10 +3,11 @@
 //! with the job's progress, so results and progress are never apart: exactly-once.
 //!
 //! Progress is a row per committed epoch in `km0_sink_epochs` (job, table, epoch, the
-//! number of source records the job had read, the results written). After a failure the
-//! job replays from its last checkpoint; km0's replays are deterministic, so a result is
-//! identified by the record count at which it was produced, and the sink drops those at
-//! or before the last committed count: each result is written once, in one epoch.
+//! ordinal of the last result committed, the results written in the epoch). After a
+//! failure the job replays from its last checkpoint; km0's replays are deterministic, so
+//! a result is identified by its ordinal (the job numbers its results, and the count is
+//! part of every checkpoint), and the sink drops those at or before the last committed
+//! ordinal: each result is written once, in one epoch.
 //!
 //! The table is `key TEXT PRIMARY KEY, value JSONB, epoch BIGINT, updated_at`; km0
 //! creates it (and `km0_sink_epochs`) when missing. A table belongs to one job: to start
@@ -20,16 +21,13 @@ pub struct PostgresSink {
     client: Client,
     table: String,
     job: String,
-    /// Results produced at or before this record count are already committed.
-    committed_records: u64,
+    /// Results up to this ordinal are already committed.
+    committed: u64,
     /// The next epoch to commit.
     epoch: i64,
     keys: Vec<String>,
     values: Vec<String>,
 }
-
-/// Rows of `km0_sink_epochs` for one job and table: (epoch, records, results).
-pub type EpochLog = Vec<(i64, i64, i64)>;
 
 impl PostgresSink {
     /// Connect, create the tables if needed and read the job's progress.
@@ -54,7 +52,7 @@ impl PostgresSink {
                          updated_at TIMESTAMPTZ NOT NULL DEFAULT now());
                      CREATE TABLE IF NOT EXISTS km0_sink_epochs (
                          job TEXT NOT NULL, sink_table TEXT NOT NULL, epoch BIGINT NOT NULL,
-                         records BIGINT NOT NULL, results BIGINT NOT NULL,
+                         results_upto BIGINT NOT NULL, results BIGINT NOT NULL,
                          committed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
                          PRIMARY KEY (job, sink_table, epoch));"
                 ))
@@ -67,15 +65,20 @@ impl PostgresSink {
             client,
             table: table.to_string(),
             job: job.to_string(),
-            committed_records: 0,
+            committed: 0,
             epoch: 1,
             keys: Vec::new(),
             values: Vec::new(),
         };
-        if let Some(&(epoch, records, _)) = sink.epochs()?.last() {
+        if let Some((epoch, upto)) = sink.last_epoch()? {
             sink.epoch = epoch + 1;
-            sink.committed_records = records as u64;
-            tracing::info!(epoch, records, table, "postgres sink resumes after its last committed epoch");
+            sink.committed = upto.max(0) as u64;
+            tracing::info!(
+                epoch,
+                results = upto,
+                table,
+                "postgres sink resumes after its last committed epoch"
+            );
         }
         Ok(sink)
     }
@@ -84,30 +87,40 @@ impl PostgresSink {
         Error::Postgres { table: self.table.clone(), message: m }
     }
 
-    /// The job's committed epochs, oldest first.
-    pub fn epochs(&self) -> Result<EpochLog> {
-        let rows = self
+    /// The job's last committed epoch and the ordinal of its last result.
+    fn last_epoch(&self) -> Result<Option<(i64, i64)>> {
+        let row = self
             .rt
-            .block_on(self.client.query(
-                "SELECT epoch, records, results FROM km0_sink_epochs WHERE job = $1 AND sink_table = $2 ORDER BY epoch",
+            .block_on(self.client.query_opt(
+                "SELECT epoch, results_upto FROM km0_sink_epochs WHERE job = $1 AND sink_table = $2 \
+                 ORDER BY epoch DESC LIMIT 1",
                 &[&self.job, &self.table],
             ))
             .map_err(|e| self.err(format!("read progress: {e}")))?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+        match row {
+            None => Ok(None),
+            Some(r) => {
+                let epoch = r.try_get(0).map_err(|e| self.err(format!("km0_sink_epochs.epoch: {e}")))?;
+                let upto =
+                    r.try_get(1).map_err(|e| self.err(format!("km0_sink_epochs.results_upto: {e}")))?;
+                Ok(Some((epoch, upto)))
+            }
+        }
     }
 
-    /// Take a result produced when the job had read `records` records.
-    pub fn write(&mut self, key: &str, value: &str, records: u64) -> Result<()> {
-        if records > self.committed_records {
+    /// Take result number `ordinal`.
+    pub fn write(&mut self, key: &str, value: &str, ordinal: u64) -> Result<()> {
+        if ordinal > self.committed {
             self.keys.push(key.to_string());
             self.values.push(value.to_string());
         }
         Ok(())
     }
 
-    /// Commit the results taken so far and the progress (`records`) in one transaction.
-    pub fn commit(&mut self, records: u64) -> Result<()> {
-        if records <= self.committed_records && self.keys.is_empty() {
+    /// Commit the results taken so far (up to result `upto`) and the progress in one
+    /// transaction.
+    pub fn commit(&mut self, upto: u64) -> Result<()> {
+        if self.keys.is_empty() {
             return Ok(());
         }
         let results = self.keys.len() as i64;
@@ -120,7 +133,7 @@ impl PostgresSink {
         order.sort_unstable();
         let keys: Vec<&str> = order.iter().map(|&i| self.keys[i].as_str()).collect();
         let values: Vec<&str> = order.iter().map(|&i| self.values[i].as_str()).collect();
-        let (epoch, records_i) = (self.epoch, records as i64);
+        let (epoch, upto_i) = (self.epoch, upto as i64);
         let upsert = format!(
             "INSERT INTO {} (key, value, epoch)
              SELECT k, v::jsonb, $3 FROM unnest($1::text[], $2::text[]) AS u(k, v)
@@ -135,15 +148,15 @@ impl PostgresSink {
                 tx.execute(&upsert, &[&keys, &values, &epoch]).await?;
             }
             tx.execute(
-                "INSERT INTO km0_sink_epochs (job, sink_table, epoch, records, results) VALUES ($1, $2, $3, $4, $5)",
-                &[&job, &table, &epoch, &records_i, &results],
+                "INSERT INTO km0_sink_epochs (job, sink_table, epoch, results_upto, results) VALUES ($1, $2, $3, $4, $5)",
+                &[&job, &table, &epoch, &upto_i, &results],
             )
             .await?;
             tx.commit().await
         });
         done.map_err(|e| self.err(format!("commit epoch {epoch}: {e}")))?;
         self.epoch += 1;
-        self.committed_records = records;
+        self.committed = upto;
         self.keys.clear();
         self.values.clear();
         Ok(())

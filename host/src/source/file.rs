@@ -36,6 +36,12 @@ impl FileSource {
     /// end (an unbounded source).
     pub fn open_with(paths: &[PathBuf], follow: bool, resume: Option<&SourcePosition>) -> Result<FileSource> {
         if let Some(r) = resume {
+            if r.kind != "file" {
+                return Err(Error::Usage(format!(
+                    "the checkpoint or savepoint was taken reading a {} source; this pipeline reads files",
+                    r.kind
+                )));
+            }
             if r.partitions.len() != paths.len() {
                 return Err(Error::Usage(format!(
                     "the savepoint read {} input partitions; this run has {}",

@@ -160,10 +160,21 @@ impl KafkaSource {
             });
             let start = match (saved, spec.start) {
                 (Some(p), _) => i64::try_from(p.offset).unwrap_or(i64::MAX),
+                // A partition added since the checkpoint is read from its start.
+                (None, _) if resume.is_some() => low,
                 (None, StartAt::Latest) => high,
                 (None, StartAt::Committed) => from_group.unwrap_or(low),
                 (None, StartAt::Earliest) => low,
             };
+            if start > high {
+                return Err(Error::Kafka {
+                    brokers: brokers.clone(),
+                    message: format!(
+                        "{name}: the checkpoint resumes at offset {start} but the log ends at {high}: was the topic \
+                         recreated? Start without the checkpoint (`--no-recover`) to read it anew"
+                    ),
+                });
+            }
             if start < low {
                 tracing::warn!(partition = %name, start, low, "records before the log's start were deleted by retention");
             }
@@ -305,8 +316,11 @@ impl KafkaSource {
                         return Err(kafka_error(&self.brokers, format!("consume {}", part.name), e))
                     }
                     Err(e) => {
+                        // Retry the same partition: skipping it would change the order.
                         tracing::warn!(partition = %part.name, error = %e, "kafka partition");
-                        break;
+                        std::thread::sleep(WAIT);
+                        self.last_service = Instant::now() - SERVICE_EVERY;
+                        self.service()?;
                     }
                 }
             }
@@ -420,7 +434,7 @@ impl KafkaSource {
             .map(|p| {
                 let (_, high) = self
                     .consumer
-                    .fetch_watermarks(&p.topic, p.id, REQUEST_TIMEOUT)
+                    .fetch_watermarks(&p.topic, p.id, Duration::from_secs(3))
                     .map_err(|e| kafka_error(&self.brokers, format!("read the offsets of {}", p.name), e))?;
                 Ok(PartitionLag {
                     partition: p.name.clone(),

@@ -65,14 +65,24 @@ impl Stream {
 
     /// The embedded run: one file per partition, read round-robin, as the reference.
     pub fn file_run(&self, dir: &Path) -> (BTreeMap<String, serde_json::Value>, job::Counters, usize) {
+        self.file_run_with(dir, 10)
+    }
+
+    /// As [`Stream::file_run`], alerting below `threshold`.
+    pub fn file_run_with(
+        &self,
+        dir: &Path,
+        threshold: i64,
+    ) -> (BTreeMap<String, serde_json::Value>, job::Counters, usize) {
         let mut paths = Vec::new();
         for (p, lines) in self.parts.iter().enumerate() {
             let path = dir.join(format!("part-{p}.jsonl"));
             std::fs::write(&path, lines.join("\n") + "\n").unwrap();
             paths.push(format!("{:?}", path.display().to_string()));
         }
-        let pipeline = write_pipeline(
+        let pipeline = write_pipeline_with(
             dir,
+            threshold,
             &format!("kind = \"file\"\npaths = [{}]", paths.join(", ")),
             "kind = \"file\"\npath = \"out/alertas.jsonl\"",
             "path = \"out/dead-letter.jsonl\"",
@@ -86,12 +96,24 @@ impl Stream {
 
 /// The stock-alert pipeline (2-minute watermark, threshold 10) with these sections.
 pub fn write_pipeline(dir: &Path, source: &str, sink: &str, dead_letter: &str, extra: &str) -> Pipeline {
+    write_pipeline_with(dir, 10, source, sink, dead_letter, extra)
+}
+
+/// As [`write_pipeline`], alerting below `threshold`.
+pub fn write_pipeline_with(
+    dir: &Path,
+    threshold: i64,
+    source: &str,
+    sink: &str,
+    dead_letter: &str,
+    extra: &str,
+) -> Pipeline {
     let job = StockJob {
         source: source.into(),
         sink: sink.into(),
         dead_letter: dead_letter.into(),
         extra: extra.into(),
-        ..StockJob::new("2m", 10)
+        ..StockJob::new("2m", threshold)
     };
     Pipeline::load(&job.write(dir)).unwrap()
 }

@@ -16,6 +16,9 @@
 use crate::{Error, Result};
 use tokio_postgres::{Client, NoTls};
 
+/// Rows per upsert statement.
+const CHUNK: usize = 5_000;
+
 pub struct PostgresSink {
     rt: tokio::runtime::Runtime,
     client: Client,
@@ -144,8 +147,10 @@ impl PostgresSink {
         let client = &mut self.client;
         let done: std::result::Result<(), tokio_postgres::Error> = self.rt.block_on(async {
             let tx = client.transaction().await?;
-            if !keys.is_empty() {
-                tx.execute(&upsert, &[&keys, &values, &epoch]).await?;
+            // Bounded statements, however large the epoch: one transaction all the same.
+            let upsert = tx.prepare(&upsert).await?;
+            for (k, v) in keys.chunks(CHUNK).zip(values.chunks(CHUNK)) {
+                tx.execute(&upsert, &[&k, &v, &epoch]).await?;
             }
             tx.execute(
                 "INSERT INTO km0_sink_epochs (job, sink_table, epoch, results_upto, results) VALUES ($1, $2, $3, $4, $5)",

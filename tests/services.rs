@@ -141,7 +141,6 @@ impl Tansu {
             if let Some(k) = key {
                 r = r.key(k);
             }
-            let mut r = r;
             loop {
                 match producer.send(r) {
                     Ok(()) => break,

@@ -69,6 +69,14 @@ pub enum SourceSpec {
 }
 
 impl SourceSpec {
+    /// True if the input never ends (followed files, an unbounded Kafka source).
+    pub fn unbounded(&self) -> bool {
+        match self {
+            SourceSpec::File { follow, .. } => *follow,
+            SourceSpec::Kafka(k) => !k.bounded,
+        }
+    }
+
     pub fn partitioning(&self) -> &Partitioning {
         match self {
             SourceSpec::File { partitioning, .. } => partitioning,
@@ -701,11 +709,9 @@ impl Pipeline {
         };
 
         let transactional = matches!(sink, SinkSpec::Kafka { mode: KafkaSinkMode::Transactional, .. });
-        let unbounded = match &source {
-            SourceSpec::File { follow, .. } => *follow,
-            SourceSpec::Kafka(k) => !k.bounded,
-        };
-        if (transactional || matches!(sink, SinkSpec::Postgres { .. })) && unbounded && checkpoints.is_none()
+        if (transactional || matches!(sink, SinkSpec::Postgres { .. }))
+            && source.unbounded()
+            && checkpoints.is_none()
         {
             return Err(err(
                 "this sink commits at checkpoints: an unbounded source needs `[checkpoints]`, or nothing is ever \
@@ -720,10 +726,7 @@ impl Pipeline {
                     .into(),
             ));
         }
-        let follows = match &source {
-            SourceSpec::File { follow, .. } => *follow,
-            SourceSpec::Kafka(k) => !k.bounded,
-        };
+        let follows = source.unbounded();
         let raw_state = raw.state.unwrap_or(RawState { backend: None, dir: None });
         let state = StateSpec {
             // RocksDB by default for unbounded sources, as the issue of large state is theirs.

@@ -31,10 +31,9 @@ use std::time::Duration;
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Counts deliveries and keeps the first failure (reported at the next barrier).
+/// Counts failed deliveries and keeps the first failure (reported at the next barrier).
 #[derive(Default)]
 pub struct Deliveries {
-    delivered: AtomicU64,
     failed: AtomicU64,
     first_error: Mutex<Option<String>>,
 }
@@ -44,15 +43,10 @@ impl ClientContext for Deliveries {}
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        match result {
-            Ok(_) => {
-                self.delivered.fetch_add(1, Ordering::Relaxed);
-            }
-            Err((e, _)) => {
-                self.failed.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut first) = self.first_error.lock() {
-                    first.get_or_insert_with(|| e.to_string());
-                }
+        if let Err((e, _)) = result {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut first) = self.first_error.lock() {
+                first.get_or_insert_with(|| e.to_string());
             }
         }
     }
@@ -63,7 +57,6 @@ pub struct KafkaSink {
     producer: ThreadedProducer<Deliveries>,
     target: KafkaTarget,
     transactional: bool,
-    sent: u64,
     /// Unacknowledged records above which the job pauses its source.
     max_in_flight: usize,
 }
@@ -133,7 +126,7 @@ impl KafkaSink {
             producer.init_transactions(TXN_TIMEOUT).map_err(|e| err(format!("init transactions: {e}")))?;
             producer.begin_transaction().map_err(|e| err(format!("begin a transaction: {e}")))?;
         }
-        Ok(KafkaSink { producer, target: target.clone(), transactional, sent: 0, max_in_flight: 50_000 })
+        Ok(KafkaSink { producer, target: target.clone(), transactional, max_in_flight: 50_000 })
     }
 
     pub fn transactional(&self) -> bool {
@@ -164,7 +157,6 @@ impl KafkaSink {
                 }
             }
         }
-        self.sent += 1;
         Ok(())
     }
 
@@ -216,10 +208,6 @@ impl KafkaSink {
             .commit_transaction(TXN_TIMEOUT)
             .map_err(|e| err(format!("commit the epoch's transaction: {e}")))?;
         self.producer.begin_transaction().map_err(|e| err(format!("begin a transaction: {e}")))
-    }
-
-    pub fn delivered(&self) -> u64 {
-        self.producer.context().delivered.load(Ordering::Relaxed)
     }
 }
 

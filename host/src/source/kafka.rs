@@ -241,6 +241,11 @@ impl KafkaSource {
         if self.last_service.elapsed() < SERVICE_EVERY {
             return Ok(());
         }
+        self.serve_events()
+    }
+
+    /// Serve the consumer's own events now.
+    fn serve_events(&mut self) -> Result<()> {
         self.last_service = Instant::now();
         while let Some(event) = self.consumer.poll(Duration::ZERO) {
             match event {
@@ -289,8 +294,7 @@ impl KafkaSource {
                         if part.at_end || self.paused {
                             break;
                         }
-                        self.last_service = Instant::now() - SERVICE_EVERY;
-                        self.service()?;
+                        self.serve_events()?;
                         continue;
                     }
                 };
@@ -319,18 +323,12 @@ impl KafkaSource {
                         // Retry the same partition: skipping it would change the order.
                         tracing::warn!(partition = %part.name, error = %e, "kafka partition");
                         std::thread::sleep(WAIT);
-                        self.last_service = Instant::now() - SERVICE_EVERY;
-                        self.service()?;
+                        self.serve_events()?;
                     }
                 }
             }
         }
         Ok(None)
-    }
-
-    /// True when a bounded run has read every partition to its stop offset.
-    pub fn finished(&self) -> bool {
-        self.parts.iter().all(|p| p.done)
     }
 
     pub fn position(&self) -> SourcePosition {

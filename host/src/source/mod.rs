@@ -41,8 +41,8 @@ impl Source {
     /// True if the input never ends: `None` from [`Source::next_record`] means "nothing yet".
     pub fn unbounded(spec: &SourceSpec, follow: Option<bool>) -> bool {
         match spec {
-            SourceSpec::File { follow: f, .. } => follow.unwrap_or(*f),
-            SourceSpec::Kafka(k) => !k.bounded,
+            SourceSpec::File { .. } => follow.unwrap_or_else(|| spec.unbounded()),
+            SourceSpec::Kafka(_) => spec.unbounded(),
         }
     }
 

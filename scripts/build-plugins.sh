@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
-if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
+. scripts/lib/prereqs.sh
+if ! km0_has_wasm_target; then
   echo "== installing the wasm32-wasip2 Rust target"
   rustup target add wasm32-wasip2
 fi
@@ -19,10 +20,13 @@ done
 
 # Plugins in Python: componentize-py (PyPI) turns plugins/python/<name>/aggregate.py, with
 # the helper plugins/python/km0_sdk.py, into a component.
-if ! command -v componentize-py >/dev/null 2>&1; then
+if ! km0_has_componentize_py; then
   echo "== installing componentize-py (PyPI)"
   python3 -m pip install --quiet "componentize-py==0.25.1" \
-    || { echo "km0: componentize-py could not be installed: the Python plugins cannot be built" >&2; exit 1; }
+    || { echo "km0: componentize-py could not be installed (fix: python3 -m pip install componentize-py==0.25.1): the Python plugins cannot be built" >&2; exit 1; }
+  # pyenv (and similar) put new console scripts on PATH only after a rehash.
+  if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
+  km0_has_componentize_py || { echo "km0: componentize-py was installed but is not on PATH: add $(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))') to PATH" >&2; exit 1; }
 fi
 for src in plugins/python/*/aggregate.py; do
   dir=$(dirname "$src")
@@ -38,7 +42,7 @@ done
 
 # Plugins in JavaScript: componentize-js (npm), through its API (plugins/js/build.mjs).
 if [ -n "$(ls plugins/js/*/aggregate.js 2>/dev/null)" ]; then
-  command -v npm >/dev/null 2>&1 || { echo "km0: node and npm are needed to build the JavaScript plugins" >&2; exit 1; }
+  km0_has_node || { echo "km0: node and npm are needed to build the JavaScript plugins (fix: apt-get install -y nodejs npm)" >&2; exit 1; }
   if [ ! -d plugins/js/node_modules/@bytecodealliance/componentize-js ]; then
     echo "== installing componentize-js (npm)"
     (cd plugins/js && npm install --silent --no-audit --no-fund)

@@ -3,10 +3,14 @@
 # cache folder shared by sessions and CI, and print the path of its binary. Building it
 # takes about 10 minutes of CPU the first time; later calls return at once.
 set -euo pipefail
-root="${KM0_TOOLS:-$HOME/.cache/km0-tools}/tansu-0.6.0"
-if [ ! -x "$root/bin/tansu" ]; then
+cd "$(dirname "$0")/.."
+. scripts/lib/prereqs.sh
+bin=$(km0_tansu_bin)
+root=$(dirname "$(dirname "$bin")")
+if [ ! -x "$bin" ]; then
   echo "== building tansu 0.6.0 (SQLite storage) into $root (~10 min, once)" >&2
   CARGO_TARGET_DIR="${KM0_TOOLS:-$HOME/.cache/km0-tools}/tansu-target" \
     cargo install tansu --version 0.6.0 --locked --features dynostore,libsql --root "$root" >&2
 fi
-echo "$root/bin/tansu"
+[ -x "$bin" ] || { echo "km0: building tansu failed; fix the error above and run scripts/install-tansu.sh again" >&2; exit 1; }
+echo "$bin"

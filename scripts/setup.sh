@@ -2,18 +2,20 @@
 # Install what building km0 needs beyond a Rust toolchain: the wasm32-wasip2 target
 # (plugins) and libclang (bindgen, for the bundled RocksDB). Safe to run repeatedly.
 set -euo pipefail
-if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
+cd "$(dirname "$0")/.."
+. scripts/lib/prereqs.sh
+if ! km0_has_wasm_target; then
   echo "== installing the wasm32-wasip2 Rust target"
   rustup target add wasm32-wasip2
 fi
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libclang; then
-  echo "== installing libclang-dev (needed to build the bundled RocksDB)"
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq libclang-dev
-  elif command -v sudo >/dev/null 2>&1; then
-    sudo apt-get update -qq && sudo apt-get install -y -qq libclang-dev
-  else
-    echo "km0: libclang is missing; install libclang-dev (Debian/Ubuntu) and run again" >&2
+if ! km0_find_libclang >/dev/null; then
+  echo "== installing libclang-dev (bindgen needs libclang.so to build the bundled RocksDB)"
+  km0_apt_install libclang-dev || {
+    echo "km0: libclang is missing; fix with: apt-get install -y libclang-dev (then run this again)" >&2
     exit 1
-  fi
+  }
+  km0_find_libclang >/dev/null || {
+    echo "km0: libclang-dev was installed but no libclang.so was found; set LIBCLANG_PATH to its folder" >&2
+    exit 1
+  }
 fi

@@ -12,6 +12,8 @@ start=$(date +%s)
 KM0_TANSU=$(./scripts/install-tansu.sh)
 export KM0_TANSU
 ./scripts/install-postgres.sh
+echo "== prerequisites"
+./scripts/doctor.sh
 echo "== cargo test (release)"
 cargo test --release --locked --workspace
 echo "== cargo fmt --check"

@@ -346,3 +346,56 @@ fn a_checkpoint_on_the_last_record_loses_no_result_in_postgres() {
     let upto = pg.query("SELECT max(results_upto) FROM km0_sink_epochs");
     assert_eq!(upto[0][0].parse::<usize>().unwrap(), results);
 }
+
+#[test]
+fn a_result_larger_than_the_producers_limit_is_dead_lettered_and_the_job_goes_on() {
+    // The hostile plugin emits 300 kB per window; the sink's producer takes 200 kB.
+    let broker = Tansu::start();
+    broker.create_topic("grandes", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+name = "grandes"
+key = ["producto"]
+[source]
+kind = "file"
+path = {trace:?}
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = {plugin:?}
+[plugin.config]
+behaviour = "big"
+[sink]
+kind = "kafka"
+brokers = "{brokers}"
+topic = "grandes"
+[sink.properties]
+"message.max.bytes" = "200000"
+[late]
+path = "out/late.jsonl"
+[dead_letter]
+path = "out/dead.jsonl"
+"#,
+        trace = golden_trace().display().to_string(),
+        plugin = plugin("hostile").display().to_string(),
+        brokers = broker.brokers,
+    );
+    let path = dir.path().join("pipeline.toml");
+    std::fs::write(&path, text).unwrap();
+    let p = km0::pipeline::Pipeline::load(&path).unwrap();
+    let s = job::run(&p, &RunOptions::default(), &PluginRuntime::new().unwrap()).expect("the job goes on");
+    assert!(s.counters.emitted > 0);
+    let dead = read_jsonl(&dir.path().join("out/dead.jsonl"));
+    assert_eq!(dead.len() as u64, s.counters.emitted, "every result is dead-lettered");
+    assert!(
+        dead.iter().all(|d| d["reason"].as_str().unwrap().contains("message.max.bytes (200000)")),
+        "{dead:?}"
+    );
+    assert!(dead.iter().all(|d| d["value"].as_str().unwrap().len() > 300_000));
+    assert!(broker.read_all("grandes").is_empty());
+}

@@ -116,12 +116,18 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// The keyed view of a result file: last value per key (an upsert consumer's view).
+/// The keyed view of a result file: last value per key (an upsert consumer's view); a
+/// `null` value (a retraction) deletes its key.
 pub fn keyed_view(path: &Path) -> BTreeMap<String, serde_json::Value> {
-    read_jsonl(path)
-        .into_iter()
-        .map(|r| (r["key"].as_str().expect("key").to_string(), r["value"].clone()))
-        .collect()
+    let mut view = BTreeMap::new();
+    for r in read_jsonl(path) {
+        let key = r["key"].as_str().expect("key").to_string();
+        match &r["value"] {
+            serde_json::Value::Null => view.remove(&key),
+            v => view.insert(key, v.clone()),
+        };
+    }
+    view
 }
 
 /// One window as the reference model closes it.
@@ -246,8 +252,8 @@ pub fn records(path: &Path) -> Vec<(String, serde_json::Value)> {
 /// An independent, event-at-a-time model of km0's window semantics (tumbling, sliding,
 /// session; allowed lateness; per-partition watermarks with record-count idleness),
 /// written plainly for the tests: lists and maps of events, no batching, no panes'
-/// accumulators. It records, for every window result, the events in the order the
-/// plugin would see them.
+/// accumulators. It records, for every window result, all the events the window accepted,
+/// in event-time order (ties: arrival order), however and whenever they arrived.
 pub mod model {
     use std::collections::{BTreeMap, BTreeSet};
 
@@ -290,7 +296,7 @@ pub mod model {
         pub key: String,
         pub start: i64,
         pub end: i64,
-        /// Events in plugin order.
+        /// The window's accepted events in event-time order (ties: arrival order).
         pub events: Vec<Ev>,
     }
 
@@ -347,12 +353,6 @@ pub mod model {
         end: i64,
         events: Vec<Ev>,
         fire_at: Option<i64>,
-    }
-
-    #[derive(Default)]
-    struct Pane {
-        on_time: Vec<Ev>,
-        appended: Vec<Ev>,
     }
 
     /// Run the model; `partitions` are known from the start (files), more appear as
@@ -424,7 +424,7 @@ pub mod model {
         windows: BTreeMap<(i64, String), Vec<Ev>>,
         fired: BTreeSet<(i64, String)>,
         // sliding: (key, pane start) -> pane; pending window fires (end, key)
-        panes: BTreeMap<(String, i64), Pane>,
+        panes: BTreeMap<(String, i64), Vec<Ev>>,
         pending: BTreeSet<(i64, String)>,
         // session: key -> sessions
         sessions: BTreeMap<String, Vec<Session>>,
@@ -448,6 +448,9 @@ pub mod model {
         }
 
         fn emit(&mut self, mut due: Vec<Fired>) {
+            for f in &mut due {
+                f.events.sort_by_key(|e| (e.t, e.arrival));
+            }
             due.sort_by(|a, b| (a.end, a.start, &a.key).cmp(&(b.end, b.start, &b.key)));
             self.out.fired.extend(due);
         }
@@ -457,10 +460,7 @@ pub mod model {
             let mut p = start;
             while p < end {
                 if let Some(pane) = self.panes.get(&(key.to_string(), p)) {
-                    let mut on_time = pane.on_time.clone();
-                    on_time.sort_by_key(|e| (e.t, e.arrival));
-                    evs.extend(on_time);
-                    evs.extend(pane.appended.iter().cloned());
+                    evs.extend(pane.iter().cloned());
                 }
                 p += slide;
             }
@@ -556,12 +556,7 @@ pub mod model {
                     }
                     let key = ev.key.clone();
                     let new = !self.panes.contains_key(&(key.clone(), p));
-                    let pane = self.panes.entry((key.clone(), p)).or_default();
-                    if p + slide <= wm {
-                        pane.appended.push(ev);
-                    } else {
-                        pane.on_time.push(ev);
-                    }
+                    self.panes.entry((key.clone(), p)).or_default().push(ev);
                     let mut e = p + slide;
                     let mut refire = Vec::new();
                     while e <= p + size {

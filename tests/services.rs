@@ -266,7 +266,11 @@ pub fn keyed_view_of(records: &[ConsumedRecord]) -> BTreeMap<String, serde_json:
     let mut view = BTreeMap::new();
     for r in by_partition {
         let key = r.key.clone().expect("a keyed result");
-        view.insert(key, serde_json::from_slice(&r.value).expect("a JSON value"));
+        if r.value.is_empty() {
+            view.remove(&key); // a tombstone
+        } else {
+            view.insert(key, serde_json::from_slice(&r.value).expect("a JSON value"));
+        }
     }
     view
 }

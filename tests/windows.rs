@@ -286,6 +286,93 @@ fn an_event_that_bridges_two_sessions_merges_them() {
     assert_eq!(s.open_windows, 1);
 }
 
+/// A position of `rider` at `minute` whose latitude grows with time, so a path that goes
+/// back in time is longer than the path in time order.
+fn moving(rider: &str, minute: f64) -> String {
+    let t = T0 + (minute * 60_000.0).round() as i64;
+    let lat = 41.98 + minute * 0.001;
+    format!(r#"{{"repartidor": "{rider}", "lat": {lat}, "lon": 2.82, "fecha_ms": {t}, "particion": 0}}"#)
+}
+
+/// Run the distance plugin over sliding 5m/1m windows (delay 45 s, no lateness) on
+/// `lines`, optionally stopping with a savepoint after `stop` records and resuming.
+fn distance_run(lines: &[String], stop: Option<u64>) -> (tempfile::TempDir, Summary, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("in.jsonl");
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let case = Case { dir, files: vec![file], by_field: true };
+    let p = case.pipeline(SLIDING, "distance", "45s", 1000);
+    let s = match stop {
+        None => run(&p, RunOptions::default()),
+        Some(n) => {
+            let stopped = run(&p, RunOptions { stop_with_savepoint_after: Some(n), ..Default::default() });
+            run(&p, RunOptions { from_savepoint: stopped.savepoint, ..Default::default() })
+        }
+    };
+    let out = std::fs::read_to_string(case.out("panel.jsonl")).unwrap();
+    (case.dir, s, out)
+}
+
+#[test]
+fn a_position_after_its_pane_was_handed_over_joins_its_open_windows_in_time_order() {
+    // furgoneta-10 in pane [8, 9) at minutes 8.2 and 8.8; the pane is handed over when the
+    // watermark passes minute 9 (minute 10 arrives: watermark 9.25). Minute 8.53 arrives
+    // when the watermark is at 10.15 (after minute 10.9): too late for the windows that
+    // fired ([4, 9) and [5, 10)), in time for [6, 11), [7, 12) and [8, 13), whose distance
+    // must be the path through their positions in time order (8.2 -> 8.53 -> 8.8).
+    let minutes = [6.0, 7.0, 8.2, 8.8, 9.1, 10.0, 10.9, 8.53];
+    let lines: Vec<String> = minutes.iter().map(|&m| moving("furgoneta-10", m)).collect();
+    let (_dir, s, out) = distance_run(&lines, None);
+    // Each window's positions, worked out by hand from the windows' bounds and the
+    // watermark at each arrival.
+    let windows: [(i64, &[f64]); 9] = [
+        (2, &[6.0]),
+        (3, &[6.0, 7.0]),
+        (4, &[6.0, 7.0, 8.2, 8.8]),
+        (5, &[6.0, 7.0, 8.2, 8.8, 9.1]),
+        (6, &[6.0, 7.0, 8.2, 8.53, 8.8, 9.1, 10.0, 10.9]),
+        (7, &[7.0, 8.2, 8.53, 8.8, 9.1, 10.0, 10.9]),
+        (8, &[8.2, 8.53, 8.8, 9.1, 10.0, 10.9]),
+        (9, &[9.1, 10.0, 10.9]),
+        (10, &[10.0, 10.9]),
+    ];
+    let got: Vec<serde_json::Value> =
+        out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).collect();
+    assert_eq!(got.len(), windows.len(), "{out}");
+    for ((start, positions), r) in windows.iter().zip(&got) {
+        let start_ms = T0 + start * 60_000;
+        assert_eq!(r["key"], format!("{start_ms}|furgoneta-10"));
+        assert_eq!(r["value"]["posiciones"], positions.len(), "window at minute {start}");
+        let evs: Vec<Ev> = positions
+            .iter()
+            .map(|&m| Ev { key: String::new(), t: 0, lat: 41.98 + m * 0.001, lon: 2.82, arrival: 0 })
+            .collect();
+        let want: f64 = evs.windows(2).map(|w| haversine(&w[0], &w[1])).sum();
+        let got = r["value"]["distancia_m"].as_f64().unwrap();
+        assert!(
+            (got - want).abs() <= 1e-6 * want.max(1.0),
+            "window at minute {start}: {got} m, in order {want} m"
+        );
+    }
+    // No window took an event after it fired: nothing is a late update.
+    assert_eq!((s.counters.late, s.counters.late_updates), (0, 0));
+    // A savepoint after any record (the pane held, handed over, or reopened) resumes to
+    // the same bytes.
+    for n in 1..lines.len() as u64 {
+        let (_d, resumed, again) = distance_run(&lines, Some(n));
+        assert_eq!(again, out, "stop after record {n}");
+        assert_eq!(resumed.counters, s.counters, "stop after record {n}");
+    }
+}
+
+#[test]
+fn sessions_with_ordered_input_match_the_model() {
+    // Sessions grow backwards and merge within the allowed lateness: the distance of a
+    // session is the path through all its positions in time order.
+    let window = format!("{SESSION}\nallowed_lateness = \"5m\"");
+    check_against_model(three_files(40, 90), &window, Kind::Session(180_000), "distance", 300_000);
+}
+
 #[test]
 fn a_window_fires_only_after_an_idle_partition_times_out() {
     // Partition 1 speaks at minutes 0 and 0.5 and then is silent; partition 0 moves on to

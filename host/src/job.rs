@@ -11,7 +11,7 @@ use crate::checkpoint::{OperatorMeta, Savepoint, SavepointMeta};
 use crate::pipeline::{Backend, CheckpointSpec, DeadLetterSpec, Pipeline, SinkSpec};
 use crate::plugin::{Plugin, PluginIdentity, PluginRuntime};
 use crate::sink::kafka::KafkaSink;
-use crate::sink::postgres::PostgresSink;
+use crate::sink::postgres::{Barrier, PostgresSink, StartPoint};
 use crate::sink::{DeadLetterSink, JsonlSink, ResultSink};
 use crate::source::json::{short_eq, Projection, Scalar};
 use crate::source::kafka::PartitionLag;
@@ -23,6 +23,7 @@ use crate::window::operator::{Emitted, OperatorCounters, Snapshot, Verdict, Wind
 use crate::window::Window;
 use crate::{metrics, Error, Result};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -50,6 +51,9 @@ pub struct Counters {
     pub windows_fired: u64,
     /// Result records written.
     pub emitted: u64,
+    /// Retractions written (a session's result superseded under another key).
+    #[serde(default)]
+    pub retracted: u64,
 }
 
 /// Command-line overrides of a run.
@@ -176,9 +180,10 @@ pub fn deploy(
     runtime: &PluginRuntime,
 ) -> Result<Summary> {
     let restore = savepoint::read(from_savepoint)?;
-    let config = &pipeline.aggregations[0].plugin.config;
-    let new = runtime.load(plugin_path, config).map_err(|e| Error::Deploy(format!("{e}")))?;
-    let name = new.identity().name.clone();
+    // Only its name here: each aggregation it replaces configures it with its own
+    // `[plugin.config]` and limits (load_plugins).
+    let (identity, _) = runtime.inspect(plugin_path).map_err(|e| Error::Deploy(format!("{e}")))?;
+    let name = identity.name;
     if !restore.meta.operators.iter().any(|o| o.plugin.name == name) {
         let held: Vec<&str> = restore.meta.operators.iter().map(|o| o.plugin.name.as_str()).collect();
         return Err(Error::Deploy(format!(
@@ -302,7 +307,12 @@ fn start(
             ResultSink::Kafka(sink)
         }
         (None, SinkSpec::Postgres { url, table }) => {
-            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.name)?)
+            let start = StartPoint {
+                snapshot: restore.as_ref().map(|sp| sp.meta.snapshot_id.clone()),
+                ordinal: job.results_out,
+                fingerprint: job.fingerprint.clone(),
+            };
+            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.name, &start)?)
         }
     });
     if let (Some(c), Some(out)) = (checkpoints.as_mut(), job.output.as_ref()) {
@@ -361,6 +371,7 @@ fn start(
                 for p in source.take_ended() {
                     job.partition_ended(p)?;
                 }
+                job.tick()?;
                 report_lag(&source, &mut lag_at);
                 if let Some(c) = checkpoints.as_mut() {
                     c.completed(&mut job, &source, false)?;
@@ -407,9 +418,13 @@ fn start(
             op.drain(&mut job.results)?;
         }
         job.write_results()?;
+        let mut barrier = job.barrier();
+        barrier.id.insert_str(0, crate::sink::postgres::END_PREFIX);
         if let Some(out) = job.output.as_mut() {
-            out.commit(job.results_out)?;
+            out.commit(job.results_out, &barrier)?;
         }
+        let refused = job.output.as_mut().map(ResultSink::take_refused).unwrap_or_default();
+        job.dead_letter_results(refused)?;
         if let Some(late) = job.late.as_mut() {
             late.commit()?;
         }
@@ -579,6 +594,8 @@ struct Decoder {
     projection: Projection,
     names: Vec<String>,
     time_slot: usize,
+    /// Accepted event times, `[min, max)`.
+    time_range: (i64, i64),
     filters: Vec<(usize, String)>,
     key_slots: Vec<usize>,
     partition_slot: Option<usize>,
@@ -631,6 +648,7 @@ impl Decoder {
             projection: Projection::new(&names),
             names,
             time_slot,
+            time_range: (pipeline.event_time.min_ms, pipeline.event_time.max_ms),
             filters,
             key_slots,
             partition_slot,
@@ -663,7 +681,12 @@ impl Decoder {
         }
         let t = self.time_slot;
         match &slots[t] {
-            Some(Scalar::Int(v)) => Ok(*v),
+            Some(Scalar::Int(v)) if (self.time_range.0..self.time_range.1).contains(v) => Ok(*v),
+            Some(Scalar::Int(v)) => Err(Reject::Dead(format!(
+                "field `{}`: event time {v} is outside the accepted range [{}, {}) epoch ms \
+                 (set [event_time] min/max to change it)",
+                self.names[t], self.time_range.0, self.time_range.1
+            ))),
             Some(Scalar::Number(raw)) => Err(Reject::Dead(format!(
                 "field `{}`: timestamp {} is not an integer number of epoch milliseconds",
                 self.names[t],
@@ -732,6 +755,11 @@ struct Job {
     output: Option<ResultSink>,
     late: Option<JsonlSink>,
     dead: Option<DeadLetterSink>,
+    /// Id of the last snapshot taken or restored ("" before the first): the parent of
+    /// the next barrier.
+    snapshot_id: String,
+    /// [`results_fingerprint`] of this run.
+    fingerprint: String,
 }
 
 #[derive(Serialize)]
@@ -741,6 +769,15 @@ struct DeadLetter<'a> {
     line: u64,
     offset: u64,
     record: Cow<'a, str>,
+}
+
+/// A result the sink could not take.
+#[derive(Serialize)]
+struct ResultDeadLetter<'a> {
+    reason: &'a str,
+    key: &'a str,
+    /// The result's JSON value, as text.
+    value: &'a str,
 }
 
 /// Events (or a window's result) that a faulty plugin could not take.
@@ -777,6 +814,7 @@ fn encode_side(buf: &mut Vec<u8>, record: &impl Serialize) -> Result<()> {
 
 impl Job {
     fn new(pipeline: &Pipeline, plugins: Vec<Plugin>) -> Result<Job> {
+        let fingerprint = results_fingerprint(pipeline, &plugins);
         let (decoder, columns) = Decoder::new(pipeline, &plugins)?;
         let prefixed = pipeline.aggregations.len() > 1;
         let ops = pipeline
@@ -818,6 +856,8 @@ impl Job {
             output: None,
             late: None,
             dead: None,
+            snapshot_id: String::new(),
+            fingerprint,
         })
     }
 
@@ -835,6 +875,7 @@ impl Job {
             c.late_updates += o.late_updates;
             c.windows_fired += o.windows_fired;
             c.emitted += o.emitted;
+            c.retracted += o.retracted;
         }
         c
     }
@@ -846,10 +887,19 @@ impl Job {
         let mut slots = [None; MAX_FIELDS];
         let slots = &mut slots[..self.decoder.projection.len()];
         if let Err(e) = self.decoder.projection.scan(record, slots) {
+            self.dead_letter(&format!("not a valid JSON object: {e}"), record, pos)?;
             if !self.by_field {
-                self.watermarks.on_record(self.clock(pos.partition));
+                // Any record is activity: it can wake its partition or mark another idle,
+                // and what that fires must fire now (a snapshot must not see a watermark
+                // that windows below it have not reached).
+                let before = self.watermarks.current();
+                let wm = self.watermarks.on_record(self.clock(pos.partition));
+                if wm > before {
+                    self.advance(wm)?;
+                    self.write_results()?;
+                }
             }
-            return self.dead_letter(&format!("not a valid JSON object: {e}"), record, pos);
+            return Ok(());
         }
         let partition = if self.by_field {
             let name = self.decoder.partition_name(slots);
@@ -865,13 +915,7 @@ impl Job {
         let checked = self
             .decoder
             .event_time(slots)
-            .and_then(|t| self.decoder.key(slots, &mut self.key_buf).map(|_| t))
-            .and_then(|t| {
-                for op in &self.ops {
-                    op.check(slots, &self.decoder.names).map_err(Reject::Dead)?;
-                }
-                Ok(t)
-            });
+            .and_then(|t| self.decoder.key(slots, &mut self.key_buf).map(|_| t));
         let t = match checked {
             Ok(t) => t,
             Err(Reject::Filtered) => {
@@ -880,7 +924,30 @@ impl Job {
             }
             Err(Reject::Dead(reason)) => return self.dead_letter(&reason, record, pos),
         };
+        // Each aggregation checks the fields its plugin reads: a record one of them cannot
+        // take is dead-lettered for that one (naming it), and the others take it.
+        let mut refused: Vec<(usize, String)> = Vec::new();
+        for (i, op) in self.ops.iter().enumerate() {
+            if let Err(reason) = op.check(slots, &self.decoder.names) {
+                refused.push((i, reason));
+            }
+        }
+        if !refused.is_empty() {
+            if refused.len() == self.ops.len() && self.ops.len() == 1 {
+                return self.dead_letter(&refused[0].1, record, pos);
+            }
+            for (i, reason) in &refused {
+                let reason = format!("aggregation {:?}: {reason}", self.ops[*i].name());
+                self.dead_letter(&reason, record, pos)?;
+            }
+            if refused.len() == self.ops.len() {
+                return Ok(());
+            }
+        }
         for i in 0..self.ops.len() {
+            if !refused.is_empty() && refused.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
             match self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)? {
                 Verdict::Accepted => {}
                 Verdict::Late { window } => self.late_event(i, t, wm, window, record, pos)?,
@@ -896,6 +963,18 @@ impl Job {
             self.advance(after)?;
         }
         if !self.results.is_empty() || self.ops.iter().any(|op| op.has_rejected()) {
+            self.write_results()?;
+        }
+        Ok(())
+    }
+
+    /// Processing time passed with nothing to read: processing-time idleness may move the
+    /// watermark.
+    fn tick(&mut self) -> Result<()> {
+        let before = self.watermarks.current();
+        let wm = self.watermarks.tick();
+        if wm > before {
+            self.advance(wm)?;
             self.write_results()?;
         }
         Ok(())
@@ -942,7 +1021,16 @@ impl Job {
                     event_times: &r.event_times,
                 };
                 encode_side(&mut self.line_buf, &d)?;
-                let origin = [("km0.aggregation", d.aggregation.to_string()), ("km0.key", r.key.clone())];
+                // Keyed by what was rejected (aggregation, key, window, first event time or
+                // the window's result): distinct rejections never compact onto each other,
+                // a replay's copy compacts onto the first.
+                let what = r.event_times.first().map_or_else(|| "result".to_string(), |t| t.to_string());
+                let origin = [
+                    ("km0.aggregation", d.aggregation.to_string()),
+                    ("km0.key", r.key.clone()),
+                    ("km0.window_start", r.window.start.to_string()),
+                    ("km0.event_time", what),
+                ];
                 if let Some(dead) = self.dead.as_mut() {
                     dead.write(&self.line_buf, &self.line_buf, &origin, &r.reason)?;
                 }
@@ -953,13 +1041,32 @@ impl Job {
 
     fn write_results(&mut self) -> Result<()> {
         self.write_rejected()?;
+        let mut refused = Vec::new();
         if let Some(s) = self.output.as_mut() {
             for e in self.results.drain(..) {
+                // Numbered all the same: ordinals stay those of an uninterrupted run.
                 self.results_out += 1;
-                s.write(&e.key, &e.value, self.results_out, &mut self.line_buf)?;
+                match s.refuses(&e.key, e.value.as_deref()) {
+                    Some(reason) => refused.push((e.key, e.value.unwrap_or_default(), reason)),
+                    None => s.write(&e.key, e.value.as_deref(), self.results_out, &mut self.line_buf)?,
+                }
             }
         }
         self.results.clear();
+        self.dead_letter_results(refused)
+    }
+
+    /// Results the sink cannot take go to the dead-letter output with the reason.
+    fn dead_letter_results(&mut self, refused: Vec<(String, String, String)>) -> Result<()> {
+        for (key, value, reason) in refused {
+            self.dead_lettered += 1;
+            let d = ResultDeadLetter { reason: &reason, key: &key, value: &value };
+            encode_side(&mut self.line_buf, &d)?;
+            let origin = [("km0.result", key.clone())];
+            if let Some(dead) = self.dead.as_mut() {
+                dead.write(&self.line_buf, value.as_bytes(), &origin, &reason)?;
+            }
+        }
         Ok(())
     }
 
@@ -1068,6 +1175,27 @@ impl Job {
                 let fields: Vec<&str> = crate::state::fields_of(&bad.key).collect();
                 return Err(refuse(format!("key {fields:?} does not have {} fields", pipeline.key.len())));
             }
+            // Rows held for an ordered plugin are restored into this plugin's columns: they
+            // must have its fields' number and types (a plugin whose fields changed cannot
+            // take them).
+            let fields = &op.plugin().info().fields;
+            if let Some(bad) = snap.rows.iter().find(|r| !row_fits(&r.values, fields)) {
+                let want: Vec<String> =
+                    fields.iter().map(|f| format!("{} ({:?})", f.name, f.type_)).collect();
+                return Err(refuse(format!(
+                    "aggregation {:?}: the savepoint holds {} rows that plugin {} {} must take in order, with \
+                     {} values each (the first: {:?}), but its fields are [{}]: a plugin whose fields change \
+                     cannot take them; deploy it from a savepoint taken with no rows held (after the input \
+                     ends), or keep its fields",
+                    op.name(),
+                    snap.rows.len(),
+                    new.name,
+                    new.version,
+                    bad.values.len(),
+                    bad.values,
+                    want.join(", ")
+                )));
+            }
             let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
             if deploying {
                 op.migrate(old.state_schema, &mut snap).map_err(|e| {
@@ -1099,10 +1227,11 @@ impl Job {
         for (op, snap) in self.ops.iter_mut().zip(&snapshots) {
             op.restore(snap, wm)?;
         }
+        self.snapshot_id = meta.snapshot_id.clone();
         self.read = meta.counters.read;
         self.filtered = meta.counters.filtered;
         self.dead_lettered = meta.counters.dead_lettered;
-        self.results_out = meta.counters.emitted;
+        self.results_out = meta.counters.emitted + meta.counters.retracted;
         Ok(migrated)
     }
 
@@ -1134,6 +1263,13 @@ impl Job {
         Ok((meta, changes))
     }
 
+    /// A new barrier in the job's lineage: a fresh snapshot id, after the previous one.
+    fn barrier(&mut self) -> Barrier {
+        let id = new_snapshot_id();
+        let parent = std::mem::replace(&mut self.snapshot_id, id.clone());
+        Barrier { id, parent, fingerprint: self.fingerprint.clone() }
+    }
+
     /// Metadata of a snapshot taken now; the sinks are flushed to the operating system
     /// (the snapshot's writer syncs them before it completes).
     fn meta(
@@ -1143,10 +1279,13 @@ impl Job {
         counts: Vec<(u64, u64)>,
     ) -> Result<SavepointMeta> {
         self.write_results()?;
+        let barrier = self.barrier();
         let mut sinks = Vec::new();
         if let Some(out) = self.output.as_mut() {
-            sinks.extend(out.position(self.results_out)?);
+            sinks.extend(out.position(self.results_out, &barrier)?);
         }
+        let refused = self.output.as_mut().map(ResultSink::take_refused).unwrap_or_default();
+        self.dead_letter_results(refused)?;
         if let Some(late) = self.late.as_mut() {
             sinks.extend(late.position()?);
         }
@@ -1180,8 +1319,47 @@ impl Job {
             counters: self.counters(),
             sinks,
             state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
+            snapshot_id: barrier.id,
         })
     }
+}
+
+/// Whether a held row's values fit a plugin's fields (number and types).
+fn row_fits(values: &[crate::plugin::batch::Value], fields: &[crate::plugin::Field]) -> bool {
+    use crate::plugin::{batch::Value, FieldType};
+    values.len() == fields.len()
+        && values.iter().zip(fields).all(|(v, f)| {
+            matches!(
+                (v, f.type_),
+                (Value::Int(_), FieldType::Int)
+                    | (Value::Float(_), FieldType::Float)
+                    | (Value::Text(_), FieldType::Text)
+                    | (Value::Bool(_), FieldType::Boolean)
+            )
+        })
+}
+
+/// A random-enough id for a snapshot: time, process and a counter, hashed.
+fn new_snapshot_id() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let seed = format!("{nanos}/{}/{n}", std::process::id());
+    crate::pipeline::hex(&Sha256::digest(seed.as_bytes())[..8])
+}
+
+/// What determines a job's results beyond its input: the state's shape, each plugin's
+/// code and configuration. A replay with the same fingerprint gives the same results.
+fn results_fingerprint(pipeline: &Pipeline, plugins: &[Plugin]) -> String {
+    let parts: Vec<_> = pipeline
+        .aggregations
+        .iter()
+        .zip(plugins)
+        .map(|(a, p)| (&a.name, &p.identity().sha256, &a.plugin.config))
+        .collect();
+    let text = serde_json::json!({"state": pipeline.state_fingerprint(), "plugins": parts}).to_string();
+    crate::pipeline::hex(&Sha256::digest(text.as_bytes()))
 }
 
 /// The pipeline's idleness rules for partition watermarks.

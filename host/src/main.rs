@@ -303,6 +303,9 @@ fn print_summary(s: &Summary) {
         "km0: read {} records: {} filtered, {} dead-lettered; {} accepted, {} late, {} late updates; {} windows fired, {} results emitted",
         c.read, c.filtered, c.dead_lettered, c.accepted, c.late, c.late_updates, c.windows_fired, c.emitted
     );
+    if c.retracted > 0 {
+        eprintln!("km0: {} results retracted (sessions that merged under another start)", c.retracted);
+    }
     if s.operators.len() > 1 {
         for o in &s.operators {
             let c = &o.counters;

@@ -172,7 +172,18 @@ pub struct EventTimeSpec {
     pub field: String,
     /// Tolerated out-of-orderness: watermark = max event time seen - delay.
     pub watermark_delay_ms: i64,
+    /// Accepted event times, `[min, max)` epoch milliseconds; an event outside goes to
+    /// the dead-letter output (window arithmetic stays far from i64's limits).
+    pub min_ms: i64,
+    pub max_ms: i64,
 }
+
+/// Default accepted event times: 1970-01-01 to 2500-01-01 (UTC).
+pub const EVENT_TIME_MIN_MS: i64 = 0;
+pub const EVENT_TIME_MAX_MS: i64 = 16_725_225_600_000;
+/// The widest range `[event_time] min`/`max` may set: about ±290 000 years, so window
+/// ends, lateness and delays (at most a few years each) never overflow.
+const EVENT_TIME_LIMIT_MS: i64 = 1 << 53;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct WindowSpec {
@@ -334,6 +345,9 @@ struct RawEventTime {
     field: String,
     #[serde(deserialize_with = "duration_ms")]
     watermark_delay: i64,
+    /// Accepted event times (epoch ms), default 1970-01-01 to 2500-01-01.
+    min: Option<i64>,
+    max: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -532,7 +546,13 @@ impl Pipeline {
     pub fn parse(text: &str, path: &Path) -> Result<Pipeline> {
         let err = |message: String| Error::Pipeline { path: path.to_path_buf(), message };
         let raw: RawPipeline = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        // Relative paths are resolved against the pipeline's folder, made canonical, so
+        // every spelling of the pipeline's path (`p.toml`, `./p.toml`, `/abs/p.toml`)
+        // names the same files (checkpoints compare them).
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base = std::fs::canonicalize(if base.as_os_str().is_empty() { Path::new(".") } else { &base })
+            .or_else(|_| std::path::absolute(&base))
+            .unwrap_or(base);
         let resolve = |p: &str| -> PathBuf {
             if p == "-" {
                 PathBuf::from("-")
@@ -541,6 +561,14 @@ impl Pipeline {
             }
         };
 
+        let time_min = raw.event_time.min.unwrap_or(EVENT_TIME_MIN_MS);
+        let time_max = raw.event_time.max.unwrap_or(EVENT_TIME_MAX_MS);
+        if !(-EVENT_TIME_LIMIT_MS <= time_min && time_min < time_max && time_max <= EVENT_TIME_LIMIT_MS) {
+            return Err(err(format!(
+                "[event_time] min = {time_min} and max = {time_max} must satisfy \
+                 -{EVENT_TIME_LIMIT_MS} <= min < max <= {EVENT_TIME_LIMIT_MS} (epoch milliseconds)"
+            )));
+        }
         if raw.name.trim().is_empty() {
             return Err(err("`name` is empty".into()));
         }
@@ -731,7 +759,16 @@ impl Pipeline {
         let state = StateSpec {
             // RocksDB by default for unbounded sources, as the issue of large state is theirs.
             backend: raw_state.backend.unwrap_or(if follows { Backend::Rocksdb } else { Backend::Memory }),
-            dir: raw_state.dir.map(|d| resolve(&d)).unwrap_or_else(|| base.join("state")),
+            // The working copy is rebuilt from the checkpoints at every start: one folder
+            // per job, so jobs in one folder never clear each other's.
+            dir: raw_state.dir.map(|d| resolve(&d)).unwrap_or_else(|| {
+                let folder: String = raw
+                    .name
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+                    .collect();
+                base.join("state").join(folder)
+            }),
         };
 
         Ok(Pipeline {
@@ -743,6 +780,8 @@ impl Pipeline {
             event_time: EventTimeSpec {
                 field: raw.event_time.field,
                 watermark_delay_ms: raw.event_time.watermark_delay,
+                min_ms: time_min,
+                max_ms: time_max,
             },
             aggregations,
             sink,

@@ -67,8 +67,5 @@ fn libclang_dev_layouts_are_found() {
         find_libclang(&["/usr/lib/x86_64-linux-gnu/libclang-14.so.14.0.6"]),
         Some("/usr/lib/x86_64-linux-gnu/libclang-14.so.14.0.6".into())
     );
-    assert_eq!(
-        find_libclang(&["/usr/lib64/libclang.so.17"]),
-        Some("/usr/lib64/libclang.so.17".into())
-    );
+    assert_eq!(find_libclang(&["/usr/lib64/libclang.so.17"]), Some("/usr/lib64/libclang.so.17".into()));
 }

@@ -124,11 +124,23 @@ fn sigkill_and_recover(backend: &str) {
         let Ok(d) = std::fs::read_dir(dir.path().join("chk")) else { return Vec::new() };
         d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse().ok()).collect()
     };
+    // Each restart names the pipeline another way: the checkpoint's outputs are the same
+    // files whatever the spelling.
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let spellings: [(PathBuf, &Path); 4] = [
+        (job.clone(), Path::new("/")),
+        (PathBuf::from("out.toml"), dir.path()),
+        (PathBuf::from("./out.toml"), dir.path()),
+        (PathBuf::from("../out.toml"), &sub),
+    ];
     while kills < 12 {
         let before = chk_numbers().into_iter().max().unwrap_or(0);
+        let (spelling, cwd) = &spellings[kills % spellings.len()];
         let mut child = Command::new(env!("CARGO_BIN_EXE_km0"))
             .args(["run", "--follow"])
-            .arg(&job)
+            .arg(spelling)
+            .current_dir(cwd)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -283,4 +295,114 @@ fn a_new_plugin_version_deploys_from_a_checkpoint() {
         last.lines().last().unwrap().contains("suma_delta"),
         "the new version writes the results after it"
     );
+}
+
+#[test]
+fn a_slow_partition_and_a_silent_one_fire_on_time_across_a_sigkill() {
+    // Two followed files: `silent` says one thing at the start and nothing more; `slow`
+    // gets a position a minute of event time apart every 100 ms for 4 s. With a 500 ms
+    // idle timeout, `silent` stops holding the watermark and `slow`'s windows fire as it
+    // goes (only 40 records: idleness must be looked at by time, not every N records),
+    // also after a SIGKILL and recovery (the restored clocks must go idle again).
+    let dir = tempfile::tempdir().unwrap();
+    let t0: i64 = 1_757_844_000_000; // a 5-minute boundary
+    let line = |p: &str, t: i64| {
+        format!(
+            "{{\"tipo\":\"stock.actualizado\",\"producto\":\"{p}\",\"mercado\":\"m\",\"fecha_ms\":{t},\"stock_actual\":5,\"delta\":0}}\n"
+        )
+    };
+    let (slow, silent) = (dir.path().join("slow.jsonl"), dir.path().join("silent.jsonl"));
+    std::fs::write(&silent, line("s", t0)).unwrap();
+    std::fs::File::create(&slow).unwrap();
+    let text = format!(
+        r#"
+name = "slow-and-silent"
+key = ["producto", "mercado"]
+[source]
+kind = "file"
+paths = [{slow:?}, {silent:?}]
+idle_timeout = "500ms"
+[filter]
+tipo = "stock.actualizado"
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = {plugin:?}
+[plugin.config]
+threshold = 10
+[sink]
+kind = "file"
+path = "out/alertas.jsonl"
+[late]
+path = "out/late.jsonl"
+[dead_letter]
+path = "out/dead.jsonl"
+[checkpoints]
+dir = "chk"
+interval = "100ms"
+"#,
+        slow = slow.display().to_string(),
+        silent = silent.display().to_string(),
+        plugin = plugin("min-stock").display().to_string(),
+    );
+    let job = dir.path().join("slow.toml");
+    std::fs::write(&job, text).unwrap();
+    let writer = {
+        let slow = slow.clone();
+        let line = line.clone();
+        std::thread::spawn(move || {
+            for i in 0..40 {
+                let mut f = std::fs::OpenOptions::new().append(true).open(&slow).unwrap();
+                f.write_all(line("p", t0 + i * 60_000).as_bytes()).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let start = || {
+        Command::new(env!("CARGO_BIN_EXE_km0"))
+            .args(["run", "--follow"])
+            .arg(&job)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let alerts = || -> Vec<String> {
+        let text = std::fs::read_to_string(dir.path().join("out/alertas.jsonl")).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["key"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let mut first = start();
+    std::thread::sleep(Duration::from_millis(1_800));
+    first.kill().unwrap(); // SIGKILL
+    first.wait().unwrap();
+    let before = alerts();
+    assert!(!before.is_empty(), "windows fired before the kill, with 18 records read");
+    let mut second = start();
+    writer.join().unwrap();
+    // Every window that ends 2 minutes before slow's last position (minute 39) fires.
+    let mut want: Vec<String> = (0..7).map(|w| format!("{}|p|m", t0 + w * 300_000)).collect();
+    want.push(format!("{t0}|s|m"));
+    want.sort();
+    let waited = Instant::now();
+    let mut got = Vec::new();
+    while waited.elapsed() < Duration::from_secs(20) {
+        got = alerts();
+        got.sort();
+        got.dedup();
+        if got == want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    second.kill().unwrap();
+    second.wait().unwrap();
+    assert_eq!(got, want);
 }

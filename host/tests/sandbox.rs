@@ -22,6 +22,15 @@ fn run_hostile_with(
     limits: &str,
     config: &str,
 ) -> (tempfile::TempDir, km0::Result<job::Summary>) {
+    run_hostile_windows(behaviour, limits, config, "kind = \"tumbling\"\nsize = \"5m\"")
+}
+
+fn run_hostile_windows(
+    behaviour: &str,
+    limits: &str,
+    config: &str,
+    window: &str,
+) -> (tempfile::TempDir, km0::Result<job::Summary>) {
     let dir = tempfile::tempdir().unwrap();
     let trace = repo().join("examples/stock-alert/data/golden-trace.jsonl");
     let text = format!(
@@ -35,8 +44,7 @@ path = {trace:?}
 field = "fecha_ms"
 watermark_delay = "2m"
 [window]
-kind = "tumbling"
-size = "5m"
+{window}
 [plugin]
 path = {plugin:?}
 {limits}
@@ -159,6 +167,30 @@ fn the_sandbox_gives_no_files_environment_or_network() {
     assert_eq!(v["env"], 0, "{v}");
     assert_eq!(v["args"], 0, "{v}");
     assert!(!out.contains("do not leak"));
+    // The clocks stand still: the wall clock reads 2000-01-01 and a sleep takes no time,
+    // so every window of every replay reports the same.
+    assert_eq!(v["wall_ms"], 946_684_800_000u64, "{v}");
+    assert_eq!(v["slept_ns"], 0, "{v}");
+    let again = run_hostile("probe", "").0;
+    assert_eq!(std::fs::read_to_string(again.path().join("out.jsonl")).unwrap(), out);
+}
+
+#[test]
+fn a_guest_cannot_wait_past_its_call_timeout() {
+    // 5 s of sleep per call against a 100 ms limit: the sleep returns at once (guests
+    // have nothing to wait for), so the job takes no time and loses nothing.
+    let t = Instant::now();
+    let (_dir, r) = run_hostile("sleep", "call_timeout = \"100ms\"\non_error = \"fail\"");
+    let s = r.expect("sleeping does not fail the job");
+    assert_eq!(s.counters.dead_lettered, 0);
+    assert!(t.elapsed() < Duration::from_secs(4), "took {:?}", t.elapsed());
+    // Sleeping in a loop is a loop: stopped at the limit, each group dead-lettered.
+    let t = Instant::now();
+    let (dir, r) = run_hostile("sleep_forever", "call_timeout = \"100ms\"");
+    let s = r.expect("the job goes on");
+    assert_eq!(s.counters.dead_lettered, 10);
+    assert!(dead_reasons(dir.path()).iter().all(|r| r.contains("ran longer than its limit")));
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
 }
 
 #[test]
@@ -184,6 +216,60 @@ fn compiled_components_are_cached_and_a_damaged_artifact_is_replaced() {
 }
 
 #[test]
+fn a_fault_in_merge_is_dead_lettered_like_one_in_add() {
+    // Sliding windows merge their panes when they fire.
+    for window in ["kind = \"sliding\"\nsize = \"5m\"\nslide = \"1m\""] {
+        let (dir, r) = run_hostile_windows("merge_panic", "", "", window);
+        let s = r.unwrap_or_else(|e| panic!("{window}: the job goes on: {e}"));
+        let reasons = dead_reasons(dir.path());
+        assert!(!reasons.is_empty(), "{window}: merges failed, something is dead-lettered");
+        assert!(
+            reasons.iter().all(|r| r.contains("merge") && r.contains("trapped")),
+            "{window}: {reasons:?}"
+        );
+        assert_eq!(s.counters.dead_lettered, reasons.len() as u64);
+        let (_dir, r) = run_hostile_windows("merge_panic", "on_error = \"fail\"", "", window);
+        let err = r.expect_err("with on_error = fail the fault stops the job").to_string();
+        assert!(err.contains("merge"), "{err}");
+    }
+}
+
+#[test]
+fn an_artifact_copied_under_another_components_key_is_not_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().join("components");
+    let runtime = PluginRuntime::new().unwrap().with_cache(Some(dir.clone()));
+    runtime.load(&plugin("min-stock"), &[("threshold".into(), "10".into())]).unwrap();
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "a private folder");
+    let files = |ext: &str| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .collect();
+        v.sort();
+        v
+    };
+    let (min_cwasm, min_seal) = (files("cwasm")[0].clone(), files("sha256")[0].clone());
+    // Compile hostile too, then put its artifact and seal under min-stock's key.
+    runtime.inspect(&plugin("hostile")).unwrap();
+    let hostile_cwasm = files("cwasm").into_iter().find(|p| *p != min_cwasm).unwrap();
+    let hostile_seal = hostile_cwasm.with_extension("sha256");
+    std::fs::copy(&hostile_cwasm, &min_cwasm).unwrap();
+    std::fs::copy(&hostile_seal, &min_seal).unwrap();
+    let (identity, _) = runtime.inspect(&plugin("min-stock")).unwrap();
+    assert_eq!(identity.name, "min-stock", "the copied artifact was refused and min-stock compiled again");
+    assert_ne!(std::fs::read(&min_cwasm).unwrap(), std::fs::read(&hostile_cwasm).unwrap());
+    // A folder that others can write is not used.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::copy(&hostile_cwasm, &min_cwasm).unwrap();
+    std::fs::copy(&hostile_seal, &min_seal).unwrap();
+    let (identity, _) = runtime.inspect(&plugin("min-stock")).unwrap();
+    assert_eq!(identity.name, "min-stock");
+}
+
+#[test]
 fn a_4_gb_allocation_and_an_oversized_result_are_refused() {
     let (dir, r) = run_hostile("alloc_4g", "");
     assert_eq!(r.expect("the job goes on").counters.dead_lettered, 10);
@@ -194,4 +280,36 @@ fn a_4_gb_allocation_and_an_oversized_result_are_refused() {
     let reasons = dead_reasons(dir.path());
     assert_eq!(reasons.len() as u64, s.counters.windows_fired);
     assert!(reasons.iter().all(|r| r.contains("the limit is 1048576")), "{reasons:?}");
+}
+
+#[test]
+fn a_plugin_built_against_another_contract_version_is_refused_naming_both() {
+    // min-stock with every `km0:plugin/...@0.1.0` name rewritten to 0.2.0 (same length):
+    // a component built against a contract this host does not implement.
+    let mut wasm = std::fs::read(plugin("min-stock")).unwrap();
+    let (from, to) = (b"km0:plugin/".as_slice(), b"@0.1.0".as_slice());
+    let mut i = 0;
+    let mut renamed = 0;
+    while let Some(at) = wasm[i..].windows(from.len()).position(|w| w == from) {
+        let start = i + at;
+        let end = wasm[start..].windows(to.len()).position(|w| w == to).map(|p| start + p);
+        if let Some(end) = end.filter(|e| e - start < 40) {
+            wasm[end + 3] = b'2';
+            renamed += 1;
+        }
+        i = start + from.len();
+    }
+    assert!(renamed >= 2, "{renamed}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("min-stock-0.2.wasm");
+    std::fs::write(&path, &wasm).unwrap();
+    let runtime = PluginRuntime::new().unwrap();
+    let err = runtime.inspect(&path).map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("built against the km0 contract 0.2.0") && err.contains("implements 0.1.0"),
+        "{err}"
+    );
+    // A plugin of this host's contract reports the version it was built against.
+    let (identity, _) = runtime.inspect(&plugin("min-stock")).unwrap();
+    assert_eq!(identity.contract, "0.1.0");
 }

@@ -83,6 +83,10 @@ pub struct SavepointMeta {
     pub counters: crate::job::Counters,
     pub sinks: Vec<SinkPosition>,
     pub state: StateFile,
+    /// This snapshot's id (random): committing sinks record it with the epoch committed
+    /// at its barrier, which ties their progress to the job's lineage.
+    #[serde(default)]
+    pub snapshot_id: String,
 }
 
 /// A savepoint read from disk and verified.
@@ -196,6 +200,7 @@ pub fn write_external(
     write_synced(&tmp.join(META), &meta_json)?;
     write_synced(&tmp.join(CHECKSUM), format!("{meta_sha}  {META}\n").as_bytes())?;
     std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename snapshot into", dir, e))?;
+    sync_parent(dir)?;
     Ok(meta)
 }
 
@@ -230,7 +235,14 @@ pub fn write(dir: &Path, mut meta: SavepointMeta, snapshots: &[Snapshot]) -> Res
     write_synced(&tmp.join(META), &meta_json)?;
     write_synced(&tmp.join(CHECKSUM), format!("{meta_sha}  {META}\n{state_sha}  {STATE}\n").as_bytes())?;
     std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename savepoint into", dir, e))?;
+    sync_parent(dir)?;
     Ok(meta)
+}
+
+/// Make a rename into `dir`'s folder durable: sync the folder that holds the new entry.
+fn sync_parent(dir: &Path) -> Result<()> {
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::File::open(parent).and_then(|f| f.sync_all()).map_err(|e| Error::io("sync folder", parent, e))
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -4,7 +4,10 @@
 //!
 //! For plugins that declared `ordered-input`, rows stay staged until their slot is
 //! complete (the watermark has passed its end) and are then handed over sorted by event
-//! time, so each slot's events reach the plugin in one call, in order.
+//! time, so each slot's events reach the plugin in one call, in order. The window
+//! operator keeps the rows it handed over until the slot is cleaned up: a row that reaches
+//! a complete slot later brings them back, and the slot is rebuilt from an empty
+//! accumulator with all its rows in order.
 
 use super::{empty_packed, packed_clear, packed_push, Column, Events, FieldType, Groups, Packed};
 use crate::state::{KeyTable, WindowState};
@@ -394,6 +397,33 @@ fn compact<T: Copy>(v: &mut Vec<T>, kept: &[usize]) {
 }
 
 impl Batch {
+    /// The rows of the last assembled call's group `i` (in call order: event-time order
+    /// for ordered plugins), as the `(key, id)` slot's rows.
+    pub fn call_rows(&self, i: usize, key: u32, id: i64) -> Vec<Row> {
+        let s = if i == 0 { 0 } else { self.events.group_ends[i - 1] as usize };
+        let e = self.events.group_ends[i] as usize;
+        (s..e)
+            .map(|r| Row {
+                key,
+                id,
+                time: self.events.event_time[r],
+                values: self
+                    .events
+                    .columns
+                    .iter()
+                    .map(|c| match c {
+                        Column::Int(v) => Value::Int(v[r]),
+                        Column::Float(v) => Value::Float(v[r]),
+                        Column::Boolean(v) => Value::Bool(v[r] != 0),
+                        Column::Text(p) => {
+                            Value::Text(String::from_utf8_lossy(super::packed_item(p, r)).into_owned())
+                        }
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
     /// Group `i` of the last assembled call alone, as a call of its own.
     pub fn single(&self, i: usize) -> (Groups, Events) {
         let arity = self.groups.key_arity as usize;

@@ -4,9 +4,13 @@
 //! fraction of one.
 //!
 //! An artifact is keyed by the component's SHA-256 and by the engine's compatibility hash
-//! (wasmtime version and every setting that changes generated code), and stored with the
-//! SHA-256 of its own bytes. It is used only if those bytes check out; anything else
-//! (missing, stale, damaged, unreadable) means compiling again and replacing it.
+//! (wasmtime version and every setting that changes generated code), and stored with a
+//! seal: the SHA-256 of the component's hash, the engine key and the artifact's bytes
+//! together. It is used only if the seal checks out for *this* component, so another
+//! component's artifact copied under its key is refused; anything else (missing, stale,
+//! damaged, unreadable) means compiling again and replacing it. Artifacts are native
+//! code: the folder is private to its owner (0700), and a folder that others can write
+//! is not used at all.
 
 use crate::pipeline::hex;
 use sha2::{Digest, Sha256};
@@ -38,15 +42,27 @@ fn engine_key(engine: &Engine) -> String {
 
 /// Load `wasm` as a component, from the cache in `dir` when possible.
 pub fn load(engine: &Engine, dir: Option<&Path>, wasm: &[u8]) -> wasmtime::Result<Component> {
-    let Some(dir) = dir else { return Component::new(engine, wasm) };
-    let key = format!("{}-{}", hex(&Sha256::digest(wasm)), engine_key(engine));
+    let Some(dir) = dir.filter(|d| private_dir(d)) else { return Component::new(engine, wasm) };
+    let (component_sha, engine_key) = (hex(&Sha256::digest(wasm)), engine_key(engine));
+    let key = format!("{component_sha}-{engine_key}");
+    let seal = |bytes: &[u8]| {
+        let mut h = Sha256::new();
+        h.update(b"km0-component-cache-2\0");
+        h.update(component_sha.as_bytes());
+        h.update(b"\0");
+        h.update(engine_key.as_bytes());
+        h.update(b"\0");
+        h.update(bytes);
+        hex(&h.finalize())
+    };
     let (artifact, digest) = (dir.join(format!("{key}.cwasm")), dir.join(format!("{key}.sha256")));
     if let (Ok(bytes), Ok(want)) = (std::fs::read(&artifact), std::fs::read_to_string(&digest)) {
-        if hex(&Sha256::digest(&bytes)) == want.trim() {
+        if seal(&bytes) == want.trim() {
             // SAFETY: these bytes are an artifact that `Engine::precompile_component` of an
-            // engine with this very compatibility hash wrote (the file name says so), and
-            // they are unchanged since (their SHA-256 matches the one written with them).
-            // Wasmtime checks the header's version and settings again on top of that.
+            // engine with this very compatibility hash wrote for this very component (the
+            // seal, computed over the component's hash, the engine key and the bytes, says
+            // so), unchanged since, in a folder only its owner can write. Wasmtime checks
+            // the header's version and settings again on top of that.
             match unsafe { Component::deserialize(engine, &bytes) } {
                 Ok(c) => return Ok(c),
                 Err(e) => {
@@ -58,18 +74,40 @@ pub fn load(engine: &Engine, dir: Option<&Path>, wasm: &[u8]) -> wasmtime::Resul
     let bytes = engine.precompile_component(wasm)?;
     // SAFETY: the bytes were produced just now by this engine.
     let component = unsafe { Component::deserialize(engine, &bytes)? };
-    if let Err(e) = store(dir, &key, &bytes) {
+    if let Err(e) = store(dir, &key, &bytes, &seal(&bytes)) {
         tracing::warn!(dir = %dir.display(), error = %e, "could not cache the compiled component");
     }
     Ok(component)
 }
 
-fn store(dir: &Path, key: &str, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+fn store(dir: &Path, key: &str, bytes: &[u8], seal: &str) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{key}.{}.tmp", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, dir.join(format!("{key}.cwasm")))?;
     let tmp = dir.join(format!(".{key}.{}.sha", std::process::id()));
-    std::fs::write(&tmp, hex(&Sha256::digest(bytes)))?;
+    std::fs::write(&tmp, seal)?;
     std::fs::rename(&tmp, dir.join(format!("{key}.sha256")))
+}
+
+/// Create the cache folder private (0700) if missing; true when it exists, is owned by
+/// this user and nobody else can write it (else the cache is not used).
+fn private_dir(dir: &Path) -> bool {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    if !dir.exists() {
+        if let Some(parent) = dir.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    }
+    let Ok(meta) = std::fs::metadata(dir) else { return false };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let private = meta.is_dir() && meta.uid() == me && meta.permissions().mode() & 0o022 == 0;
+    if !private {
+        tracing::warn!(
+            dir = %dir.display(),
+            "the component cache folder is not private to this user: compiling without it"
+        );
+    }
+    private
 }

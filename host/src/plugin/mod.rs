@@ -2,23 +2,24 @@
 //! `wit/aggregate.wit`, sandboxing it, and calling it with batches.
 //!
 //! One [`PluginRuntime`] (engine + linker) serves the process; each [`Plugin`] is one
-//! configured instance with its own store. Guests get WASI with nothing in it: no
-//! preopened directories, no network, no environment, no arguments, closed stdio, and a
-//! deterministic random source, so a plugin is a pure function of its configuration,
-//! accumulators and events, and a replay gives the same output.
+//! configured instance with its own store. Guests get WASI with nothing in it, no way to
+//! wait, fixed clocks and randomness, and one memory budget ([`sandbox`]), so a plugin is
+//! a pure function of its configuration, accumulators and events, and a replay gives the
+//! same output.
 
 pub mod batch;
 pub mod cache;
+pub mod sandbox;
 
 use crate::pipeline::hex;
 use crate::{Error, Result};
+use sandbox::{guest_state, GuestState};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::time::Duration;
-use wasmtime::component::{Linker, ResourceTable};
-use wasmtime::{Config, Engine, Store, StoreLimits, StoreLimitsBuilder, Trap};
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime::component::Linker;
+use wasmtime::{Config, Engine, Store, Trap};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -47,19 +48,13 @@ pub struct PluginIdentity {
     pub contract: String,
 }
 
-struct GuestState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limits: StoreLimits,
-}
-
 /// What one plugin instance may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// CPU time of one call (measured in epochs of [`EPOCH`]); a call that runs longer is
     /// stopped.
     pub call_timeout: Duration,
-    /// Linear memory of the instance.
+    /// Linear memory of the instance: all its memories and tables together.
     pub memory_bytes: usize,
 }
 
@@ -84,12 +79,6 @@ pub enum OnError {
 /// How often the engine's epoch advances: the granularity of the call timeout.
 pub const EPOCH: Duration = Duration::from_millis(10);
 
-impl WasiView for GuestState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
-    }
-}
-
 /// Engine and linker shared by every plugin instance.
 pub struct PluginRuntime {
     engine: Engine,
@@ -108,8 +97,7 @@ impl PluginRuntime {
         config.epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| runtime_error(format!("wasmtime engine: {e:#}")))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| runtime_error(format!("linking WASI: {e:#}")))?;
+        sandbox::link(&mut linker).map_err(|e| runtime_error(format!("linking WASI: {e:#}")))?;
         // The epoch ticker lives as long as the engine does.
         let weak = engine.weak();
         std::thread::Builder::new()
@@ -167,14 +155,23 @@ impl PluginRuntime {
         let fail = |message: String| Error::Plugin { plugin: label.to_string(), message };
         let component = cache::load(&self.engine, self.cache.as_deref(), bytes)
             .map_err(|e| fail(format!("not a WebAssembly component: {e:#}")))?;
-        let mut store = Store::new(&self.engine, sandbox(&limits));
-        store.limiter(|s| &mut s.limits);
+        let mut store = Store::new(&self.engine, guest_state(limits.memory_bytes));
+        store.limiter(|s| &mut s.limiter);
         let deadline = (limits.call_timeout.as_millis() / EPOCH.as_millis()).max(1) as u64;
         store.set_epoch_deadline(deadline);
+        // The contract version the component was built against, from its export's name.
+        let built_for = contract_of(&self.engine, &component);
         let contract = |e: wasmtime::Error| {
-            fail(format!(
+            match &built_for {
+            Some(v) if v != CONTRACT_VERSION => fail(format!(
+                "was built against the km0 contract {v} (km0:plugin/aggregate@{v}); this km0 implements \
+                 {CONTRACT_VERSION} and runs plugins built against exactly that version: rebuild it against \
+                 km0's wit/ (or run it on a km0 that implements {v})"
+            )),
+            _ => fail(format!(
                 "does not implement the km0 contract (world km0:plugin/aggregate-plugin@{CONTRACT_VERSION}): {e:#}"
-            ))
+            )),
+        }
         };
         let pre = self.linker.instantiate_pre(&component).map_err(contract)?;
         let pre = AggregatePluginPre::new(pre).map_err(contract)?;
@@ -188,25 +185,22 @@ impl PluginRuntime {
             version: info.version.clone(),
             state_schema: info.state_schema,
             sha256: hex(&Sha256::digest(bytes)),
-            contract: CONTRACT_VERSION.into(),
+            contract: built_for.unwrap_or_else(|| CONTRACT_VERSION.into()),
         };
         Ok(Plugin { store, instance, info, identity, deadline, limits, pre, config: Vec::new() })
     }
 }
 
-fn runtime_error(message: String) -> Error {
-    Error::Plugin { plugin: "runtime".into(), message }
+/// The version of `km0:plugin/aggregate` a component exports, if it exports one.
+fn contract_of(engine: &Engine, component: &wasmtime::component::Component) -> Option<String> {
+    component
+        .component_type()
+        .exports(engine)
+        .find_map(|(name, _)| name.strip_prefix("km0:plugin/aggregate@").map(str::to_string))
 }
 
-/// A WASI context with nothing in it.
-fn sandbox(limits: &Limits) -> GuestState {
-    let mut b = WasiCtxBuilder::new();
-    // Fixed randomness: guests' hash maps and the like behave the same on every replay.
-    b.secure_random(wasmtime_wasi::random::Deterministic::new(vec![0x6b, 0x6d, 0x30, 0x21]));
-    b.insecure_random(wasmtime_wasi::random::Deterministic::new(vec![0x30, 0x6d, 0x6b, 0x21]));
-    b.insecure_random_seed(0x6b6d30);
-    let limits = StoreLimitsBuilder::new().memory_size(limits.memory_bytes).instances(16).build();
-    GuestState { wasi: b.build(), table: ResourceTable::new(), limits }
+fn runtime_error(message: String) -> Error {
+    Error::Plugin { plugin: "runtime".into(), message }
 }
 
 /// A configured plugin instance.
@@ -245,8 +239,8 @@ impl Plugin {
     /// be entered again). State lives in the host, so nothing is lost.
     pub fn reset(&mut self) -> Result<()> {
         let engine = self.store.engine().clone();
-        let mut store = Store::new(&engine, sandbox(&self.limits));
-        store.limiter(|s| &mut s.limits);
+        let mut store = Store::new(&engine, guest_state(self.limits.memory_bytes));
+        store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(self.deadline);
         let instance =
             self.pre.instantiate(&mut store).map_err(|e| self.call_error("reset", format!("{e:#}")))?;

@@ -27,15 +27,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// librdkafka's default `message.max.bytes`.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+/// What a record costs beyond its key and value in librdkafka's size check (record
+/// and batch headers), rounded up.
+const RECORD_OVERHEAD: usize = 512;
+
 /// How long a barrier waits for the brokers to acknowledge what was sent.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Counts failed deliveries and keeps the first failure (reported at the next barrier).
+/// A record the broker (or the producer) refused for what it is, not for a failure that
+/// affects everything: its key, value and the reason, for the dead-letter output.
+pub type Refused = (Vec<u8>, Vec<u8>, String);
+
+/// Failed deliveries: records refused for themselves (dead-lettered by the job), and a
+/// count of the others with the first failure (reported at the next barrier).
 #[derive(Default)]
 pub struct Deliveries {
     failed: AtomicU64,
     first_error: Mutex<Option<String>>,
+    refused: Mutex<Vec<Refused>>,
 }
 
 impl ClientContext for Deliveries {}
@@ -43,13 +55,39 @@ impl ClientContext for Deliveries {}
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-            if let Ok(mut first) = self.first_error.lock() {
-                first.get_or_insert_with(|| e.to_string());
+        use rdkafka::Message;
+        let Err((e, msg)) = result else { return };
+        if refuses_the_record(e) {
+            let r = (
+                msg.key().unwrap_or_default().to_vec(),
+                msg.payload().unwrap_or_default().to_vec(),
+                format!("Kafka refused the record: {e}"),
+            );
+            if let Ok(mut refused) = self.refused.lock() {
+                refused.push(r);
+                return;
             }
         }
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut first) = self.first_error.lock() {
+            first.get_or_insert_with(|| e.to_string());
+        }
     }
+}
+
+/// Errors about one record (too large, invalid): that record is dead-lettered and the
+/// job goes on. Every other error (brokers unreachable, authorisation, timeouts) fails.
+fn refuses_the_record(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::MessageBatchTooLarge
+        )
+    )
 }
 
 /// A producer to one topic.
@@ -59,6 +97,8 @@ pub struct KafkaSink {
     transactional: bool,
     /// Unacknowledged records above which the job pauses its source.
     max_in_flight: usize,
+    /// The producer's `message.max.bytes`: a larger record is refused before it is sent.
+    max_message_bytes: usize,
 }
 
 impl KafkaSink {
@@ -126,16 +166,55 @@ impl KafkaSink {
             producer.init_transactions(TXN_TIMEOUT).map_err(|e| err(format!("init transactions: {e}")))?;
             producer.begin_transaction().map_err(|e| err(format!("begin a transaction: {e}")))?;
         }
-        Ok(KafkaSink { producer, target: target.clone(), transactional, max_in_flight: 50_000 })
+        let max_message_bytes = target
+            .properties
+            .iter()
+            .find(|(k, _)| k == "message.max.bytes")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
+        Ok(KafkaSink {
+            producer,
+            target: target.clone(),
+            transactional,
+            max_in_flight: 50_000,
+            max_message_bytes,
+        })
     }
 
     pub fn transactional(&self) -> bool {
         self.transactional
     }
 
-    /// Send one record, waiting while the producer's queue is full (backpressure).
-    pub fn send(&mut self, key: Option<&[u8]>, value: &[u8], headers: Option<OwnedHeaders>) -> Result<()> {
-        let mut record = BaseRecord::<[u8], [u8]>::to(&self.target.topic).payload(value);
+    /// Why this record cannot be sent, if it cannot: larger than `message.max.bytes`.
+    pub fn refuses(&self, key: &[u8], value: &[u8]) -> Option<String> {
+        let size = key.len() + value.len() + RECORD_OVERHEAD;
+        (size > self.max_message_bytes).then(|| {
+            format!(
+                "a record of {} bytes (key and value) does not fit the Kafka sink's message.max.bytes ({}) for topic {:?}",
+                key.len() + value.len(),
+                self.max_message_bytes,
+                self.target.topic
+            )
+        })
+    }
+
+    /// Records the broker or the producer refused for themselves since the last call.
+    pub fn take_refused(&mut self) -> Vec<Refused> {
+        self.producer.context().refused.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default()
+    }
+
+    /// Send one record (no value: a tombstone), waiting while the producer's queue is
+    /// full (backpressure). A record refused for itself is kept for [`Self::take_refused`].
+    pub fn send(
+        &mut self,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: Option<OwnedHeaders>,
+    ) -> Result<()> {
+        let mut record = BaseRecord::<[u8], [u8]>::to(&self.target.topic);
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
         if let Some(k) = key {
             record = record.key(k);
         }
@@ -148,6 +227,14 @@ impl KafkaSink {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     record = r;
                     std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((e, r)) if refuses_the_record(&e) => {
+                    if let Ok(mut refused) = self.producer.context().refused.lock() {
+                        let (k, v) =
+                            (r.key.unwrap_or_default().to_vec(), r.payload.unwrap_or_default().to_vec());
+                        refused.push((k, v, format!("Kafka refused the record: {e}")));
+                    }
+                    break;
                 }
                 Err((e, _)) => {
                     return Err(Error::Kafka {

@@ -77,12 +77,32 @@ impl JsonlSink {
         })
     }
 
-    /// Open for a run: resume at the savepoint's position when it names the same file,
-    /// start a new file otherwise.
+    /// Open for a run: resume at the savepoint's position when it names the same file
+    /// (however its path is spelled), start a new file otherwise. A resumed job that
+    /// writes to another file than its savepoint's says so, and refuses to overwrite a
+    /// file that already holds lines.
     pub fn open(name: &'static str, path: &Path, resume_from: Option<&SinkPosition>) -> Result<JsonlSink> {
         match resume_from {
-            Some(p) if p.path == path => Self::resume(name, path, p.committed_bytes),
-            _ => Self::create(name, path),
+            Some(p) if same_file(&p.path, path) => Self::resume(name, path, p.committed_bytes),
+            Some(p) => {
+                if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+                    return Err(Error::Usage(format!(
+                        "the savepoint's {name} file is {}, but this run writes {}, which already holds \
+                         output: it would be overwritten. Write to the savepoint's file, or to a new or \
+                         empty one",
+                        p.path.display(),
+                        path.display()
+                    )));
+                }
+                tracing::warn!(
+                    sink = name,
+                    savepoint_file = %p.path.display(),
+                    file = %path.display(),
+                    "resuming into another file: what came before the savepoint stays in the savepoint's file"
+                );
+                Self::create(name, path)
+            }
+            None => Self::create(name, path),
         }
     }
 
@@ -142,6 +162,19 @@ impl JsonlSink {
     }
 }
 
+/// Whether two paths name the same file: the same canonical path (links, `.` and `..`
+/// resolved), or for a file that does not exist yet, the same canonical folder and name.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    fn canonical(p: &Path) -> Option<PathBuf> {
+        if let Ok(c) = std::fs::canonicalize(p) {
+            return Some(c);
+        }
+        let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
+    }
+    a == b || matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
+}
+
 /// Where results go.
 pub enum ResultSink {
     Jsonl(JsonlSink),
@@ -154,7 +187,9 @@ impl ResultSink {
     /// `ordinal` numbers the job's results from 1 (the same result has the same ordinal
     /// in a replay).
     #[inline]
-    pub fn write(&mut self, key: &str, value: &str, ordinal: u64, line: &mut Vec<u8>) -> Result<()> {
+    /// A `None` value retracts the key: a `null` value in JSON lines, a tombstone in
+    /// Kafka, a deleted row in PostgreSQL.
+    pub fn write(&mut self, key: &str, value: Option<&str>, ordinal: u64, line: &mut Vec<u8>) -> Result<()> {
         match self {
             ResultSink::Jsonl(s) => {
                 line.clear();
@@ -162,23 +197,48 @@ impl ResultSink {
                 serde_json::to_writer(&mut *line, key)
                     .map_err(|err| Error::Usage(format!("encode result key: {err}")))?;
                 line.extend_from_slice(b",\"value\":");
-                line.extend_from_slice(value.as_bytes());
+                line.extend_from_slice(value.unwrap_or("null").as_bytes());
                 line.push(b'}');
                 s.write_line(line)
             }
-            ResultSink::Kafka(s) => s.send(Some(key.as_bytes()), value.as_bytes(), None),
+            ResultSink::Kafka(s) => s.send(Some(key.as_bytes()), value.map(str::as_bytes), None),
             ResultSink::Postgres(s) => s.write(key, value, ordinal),
+        }
+    }
+
+    /// Why this sink cannot take a result, if it cannot (the job dead-letters it with the
+    /// reason instead of failing on it, now and at every replay).
+    pub fn refuses(&self, key: &str, value: Option<&str>) -> Option<String> {
+        match self {
+            ResultSink::Jsonl(_) => None,
+            ResultSink::Kafka(s) => s.refuses(key.as_bytes(), value.unwrap_or_default().as_bytes()),
+            ResultSink::Postgres(_) => postgres::refuses(key, value),
+        }
+    }
+
+    /// Results the target refused after taking them (Kafka, record by record): key,
+    /// value and reason, for the dead-letter output.
+    pub fn take_refused(&mut self) -> Vec<(String, String, String)> {
+        match self {
+            ResultSink::Kafka(s) => s
+                .take_refused()
+                .into_iter()
+                .map(|(k, v, r)| {
+                    (String::from_utf8_lossy(&k).into_owned(), String::from_utf8_lossy(&v).into_owned(), r)
+                })
+                .collect(),
+            _ => Vec::new(),
         }
     }
 
     /// The checkpoint barrier: everything written so far (up to result `ordinal`) is
     /// flushed (file), acknowledged (Kafka) or committed with the job's progress
     /// (PostgreSQL).
-    pub fn position(&mut self, ordinal: u64) -> Result<Option<SinkPosition>> {
+    pub fn position(&mut self, ordinal: u64, barrier: &postgres::Barrier) -> Result<Option<SinkPosition>> {
         match self {
             ResultSink::Jsonl(s) => s.position(),
             ResultSink::Kafka(s) => s.barrier().map(|_| None),
-            ResultSink::Postgres(s) => s.commit(ordinal).map(|_| None),
+            ResultSink::Postgres(s) => s.commit(ordinal, barrier).map(|_| None),
         }
     }
 
@@ -197,11 +257,11 @@ impl ResultSink {
     }
 
     /// End of a bounded run: make everything durable.
-    pub fn commit(&mut self, ordinal: u64) -> Result<Option<SinkPosition>> {
+    pub fn commit(&mut self, ordinal: u64, barrier: &postgres::Barrier) -> Result<Option<SinkPosition>> {
         match self {
             ResultSink::Jsonl(s) => s.commit(),
             ResultSink::Kafka(s) => s.barrier().and_then(|_| s.commit_epoch()).map(|_| None),
-            ResultSink::Postgres(s) => s.commit(ordinal).map(|_| None),
+            ResultSink::Postgres(s) => s.commit(ordinal, barrier).map(|_| None),
         }
     }
 
@@ -242,7 +302,11 @@ impl DeadLetterSink {
                 // Keyed by origin, so a replay's copy of a dead letter compacts onto the first.
                 let key: Vec<String> = headers.iter().map(|(_, v)| v.clone()).collect();
                 let key = key.join("|");
-                s.send(Some(key.as_bytes()), original, Some(kafka::dead_letter_headers(reason, headers)))
+                s.send(
+                    Some(key.as_bytes()),
+                    Some(original),
+                    Some(kafka::dead_letter_headers(reason, headers)),
+                )
             }
         }
     }

@@ -1,23 +1,65 @@
 //! The PostgreSQL sink: results upserted into a table (`INSERT ... ON CONFLICT (key) DO
-//! UPDATE`), committed at every checkpoint barrier in one database transaction together
-//! with the job's progress, so results and progress are never apart: exactly-once.
+//! UPDATE`; a retraction deletes its key), committed at every checkpoint barrier in one
+//! database transaction together with the job's progress, so results and progress are
+//! never apart: exactly-once.
 //!
-//! Progress is a row per committed epoch in `km0_sink_epochs` (job, table, epoch, the
-//! ordinal of the last result committed, the results written in the epoch). After a
-//! failure the job replays from its last checkpoint; km0's replays are deterministic, so
-//! a result is identified by its ordinal (the job numbers its results, and the count is
-//! part of every checkpoint), and the sink drops those at or before the last committed
-//! ordinal: each result is written once, in one epoch.
+//! Progress is a row per committed barrier in `km0_sink_epochs` (job, table, epoch, the
+//! ordinal of the last result committed, the results written in the epoch, and the
+//! barrier's lineage: the id of the snapshot taken at it, the id of the snapshot before
+//! it, and the fingerprint of what determines the job's results). A run that starts from
+//! snapshot `S` with result ordinal `O` compares its lineage with the table's last epoch:
+//!
+//! - the epoch was committed at `S` itself: the table holds exactly the results up to
+//!   `O`, and everything after is written;
+//! - the epoch is the one right after `S` (a crash between the barrier's commit and the
+//!   checkpoint becoming durable), with the same fingerprint: km0's replays are
+//!   deterministic, so results up to that epoch's ordinal are the same ones and are
+//!   skipped (the log says how many);
+//! - anything else (a fresh run of a job the table already has results of, a savepoint
+//!   behind the table's progress, another lineage, a changed configuration replaying an
+//!   epoch) is refused with the SQL that starts over, never skipped silently.
 //!
 //! The table is `key TEXT PRIMARY KEY, value JSONB, epoch BIGINT, updated_at`; km0
-//! creates it (and `km0_sink_epochs`) when missing. A table belongs to one job: to start
-//! over, truncate it and delete the job's rows in `km0_sink_epochs`.
+//! creates it (and `km0_sink_epochs`) when missing. A table belongs to one job.
 
 use crate::{Error, Result};
 use tokio_postgres::{Client, NoTls};
 
 /// Rows per upsert statement.
 const CHUNK: usize = 5_000;
+
+/// Barrier ids that end a bounded run start with this.
+pub const END_PREFIX: &str = "end-";
+
+/// A checkpoint barrier as the sink records it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Barrier {
+    /// Id of the snapshot taken at this barrier (or of the end of a bounded run).
+    pub id: String,
+    /// Id of the snapshot before it in the job's lineage ("" for a fresh start).
+    pub parent: String,
+    /// Fingerprint of what determines the results (pipeline, plugins, their config).
+    pub fingerprint: String,
+}
+
+/// Where a run starts from, for the sink's progress check.
+#[derive(Debug, Clone)]
+pub struct StartPoint {
+    /// The snapshot restored (None: a fresh start).
+    pub snapshot: Option<String>,
+    /// Results the job had emitted at that snapshot.
+    pub ordinal: u64,
+    pub fingerprint: String,
+}
+
+/// The table's last committed epoch of a job.
+struct Progress {
+    epoch: i64,
+    upto: i64,
+    checkpoint: Option<String>,
+    parent: Option<String>,
+    fingerprint: Option<String>,
+}
 
 pub struct PostgresSink {
     rt: tokio::runtime::Runtime,
@@ -29,12 +71,14 @@ pub struct PostgresSink {
     /// The next epoch to commit.
     epoch: i64,
     keys: Vec<String>,
-    values: Vec<String>,
+    /// A value per key; `None` deletes the key.
+    values: Vec<Option<String>>,
 }
 
 impl PostgresSink {
-    /// Connect, create the tables if needed and read the job's progress.
-    pub fn open(url: &str, table: &str, job: &str) -> Result<PostgresSink> {
+    /// Connect, create the tables if needed, read the job's progress and check it against
+    /// where this run starts.
+    pub fn open(url: &str, table: &str, job: &str, start: &StartPoint) -> Result<PostgresSink> {
         let err = |m: String| Error::Postgres { table: table.to_string(), message: m };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -57,7 +101,10 @@ impl PostgresSink {
                          job TEXT NOT NULL, sink_table TEXT NOT NULL, epoch BIGINT NOT NULL,
                          results_upto BIGINT NOT NULL, results BIGINT NOT NULL,
                          committed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                         PRIMARY KEY (job, sink_table, epoch));"
+                         PRIMARY KEY (job, sink_table, epoch));
+                     ALTER TABLE km0_sink_epochs ADD COLUMN IF NOT EXISTS checkpoint_id TEXT,
+                         ADD COLUMN IF NOT EXISTS parent_id TEXT,
+                         ADD COLUMN IF NOT EXISTS fingerprint TEXT;"
                 ))
                 .await
                 .map_err(|e| err(format!("create the tables: {e}")))?;
@@ -68,64 +115,126 @@ impl PostgresSink {
             client,
             table: table.to_string(),
             job: job.to_string(),
-            committed: 0,
+            committed: start.ordinal,
             epoch: 1,
             keys: Vec::new(),
             values: Vec::new(),
         };
-        if let Some((epoch, upto)) = sink.last_epoch()? {
-            sink.epoch = epoch + 1;
-            sink.committed = upto.max(0) as u64;
-            tracing::info!(
-                epoch,
-                results = upto,
-                table,
-                "postgres sink resumes after its last committed epoch"
-            );
+        if let Some(last) = sink.last_epoch()? {
+            sink.epoch = last.epoch + 1;
+            sink.committed = sink.check_progress(&last, start)?;
         }
         Ok(sink)
+    }
+
+    /// Where the table's progress leaves a run that starts at `start`: the ordinal up to
+    /// which results are already in the table, or a refusal that says how to start over.
+    fn check_progress(&self, last: &Progress, start: &StartPoint) -> Result<u64> {
+        let (job, table) = (&self.job, &self.table);
+        let start_over = format!(
+            "to start over, run: TRUNCATE {table}; DELETE FROM km0_sink_epochs WHERE job = '{job}' AND sink_table = '{table}';"
+        );
+        // A fresh start is the empty snapshot: its first barrier's parent is "".
+        let snapshot = start.snapshot.as_deref().unwrap_or("");
+        if start.snapshot.is_some() && last.checkpoint.as_deref() == Some(snapshot) {
+            return Ok(start.ordinal);
+        }
+        // The epoch right after the starting point, committed before a failure, with the
+        // same configuration: the replay gives the same results. (Not after a fresh start
+        // when that epoch ended a bounded run: that run was complete, this is a new one.)
+        let ended = last.checkpoint.as_deref().is_some_and(|c| c.starts_with(END_PREFIX));
+        if last.parent.as_deref() == Some(snapshot)
+            && last.fingerprint.as_deref() == Some(start.fingerprint.as_str())
+            && !(start.snapshot.is_none() && ended)
+        {
+            let skipped = (last.upto.max(0) as u64).saturating_sub(start.ordinal);
+            tracing::info!(
+                epoch = last.epoch,
+                skipped,
+                table = %table,
+                "postgres: the epoch after the restored checkpoint was committed before the failure; \
+                 its results replay identically and are not written again"
+            );
+            return Ok(last.upto.max(0) as u64);
+        }
+        if start.snapshot.is_none() {
+            return Err(self.err(format!(
+                "already holds results of job {job:?} (up to epoch {}, result {}), and this run starts \
+                 afresh: it would skip or rewrite them. Resume from the job's checkpoints or a savepoint, \
+                 or {start_over}",
+                last.epoch, last.upto
+            )));
+        }
+        let at = self.epoch_of(snapshot)?;
+        let rewind = match at {
+            Some(e) => format!(
+                "to continue from this state and rewrite what came after it, delete the later epochs: \
+                 DELETE FROM km0_sink_epochs WHERE job = '{job}' AND sink_table = '{table}' AND epoch > {e}; or {start_over}"
+            ),
+            None => start_over,
+        };
+        let why = if last.parent.as_deref() == Some(snapshot) {
+            "the epoch after this run's starting point was committed with another configuration or plugin"
+        } else {
+            "the table's progress is ahead of, or apart from, the state this run starts from"
+        };
+        Err(self.err(format!(
+            "holds results of job {job:?} up to epoch {} (result {}): {why}; resuming would skip or rewrite \
+             results. Resume from the newest checkpoint, or {rewind}",
+            last.epoch, last.upto
+        )))
     }
 
     fn err(&self, m: String) -> Error {
         Error::Postgres { table: self.table.clone(), message: m }
     }
 
-    /// The job's last committed epoch and the ordinal of its last result.
-    fn last_epoch(&self) -> Result<Option<(i64, i64)>> {
+    /// The job's last committed epoch.
+    fn last_epoch(&self) -> Result<Option<Progress>> {
         let row = self
             .rt
             .block_on(self.client.query_opt(
-                "SELECT epoch, results_upto FROM km0_sink_epochs WHERE job = $1 AND sink_table = $2 \
-                 ORDER BY epoch DESC LIMIT 1",
+                "SELECT epoch, results_upto, checkpoint_id, parent_id, fingerprint FROM km0_sink_epochs \
+                 WHERE job = $1 AND sink_table = $2 ORDER BY epoch DESC LIMIT 1",
                 &[&self.job, &self.table],
             ))
             .map_err(|e| self.err(format!("read progress: {e}")))?;
-        match row {
-            None => Ok(None),
-            Some(r) => {
-                let epoch = r.try_get(0).map_err(|e| self.err(format!("km0_sink_epochs.epoch: {e}")))?;
-                let upto =
-                    r.try_get(1).map_err(|e| self.err(format!("km0_sink_epochs.results_upto: {e}")))?;
-                Ok(Some((epoch, upto)))
-            }
-        }
+        let Some(r) = row else { return Ok(None) };
+        let col = |e: tokio_postgres::Error| self.err(format!("km0_sink_epochs: {e}"));
+        Ok(Some(Progress {
+            epoch: r.try_get(0).map_err(col)?,
+            upto: r.try_get(1).map_err(col)?,
+            checkpoint: r.try_get(2).map_err(col)?,
+            parent: r.try_get(3).map_err(col)?,
+            fingerprint: r.try_get(4).map_err(col)?,
+        }))
     }
 
-    /// Take result number `ordinal`.
-    pub fn write(&mut self, key: &str, value: &str, ordinal: u64) -> Result<()> {
+    /// The epoch committed at a snapshot, if the table has it.
+    fn epoch_of(&self, snapshot: &str) -> Result<Option<i64>> {
+        let row = self
+            .rt
+            .block_on(self.client.query_opt(
+                "SELECT epoch FROM km0_sink_epochs WHERE job = $1 AND sink_table = $2 AND checkpoint_id = $3",
+                &[&self.job, &self.table, &snapshot],
+            ))
+            .map_err(|e| self.err(format!("read progress: {e}")))?;
+        row.map(|r| r.try_get(0)).transpose().map_err(|e| self.err(format!("km0_sink_epochs.epoch: {e}")))
+    }
+
+    /// Take result number `ordinal` (`None`: retract the key).
+    pub fn write(&mut self, key: &str, value: Option<&str>, ordinal: u64) -> Result<()> {
         if ordinal > self.committed {
             self.keys.push(key.to_string());
-            self.values.push(value.to_string());
+            self.values.push(value.map(str::to_string));
         }
         Ok(())
     }
 
-    /// Commit the results taken so far (up to result `upto`) and the progress in one
-    /// transaction.
-    pub fn commit(&mut self, upto: u64) -> Result<()> {
-        if self.keys.is_empty() {
-            return Ok(());
-        }
+    /// Commit the results taken so far (up to result `upto`) and the barrier's progress in
+    /// one transaction. Every barrier is recorded, with or without results, so the
+    /// table's last epoch always names the job's last snapshot.
+    pub fn commit(&mut self, upto: u64, barrier: &Barrier) -> Result<()> {
         let results = self.keys.len() as i64;
         // A key may be updated twice in one epoch (a late update): keep its last value.
         let mut last = std::collections::HashMap::with_capacity(self.keys.len());
@@ -134,8 +243,16 @@ impl PostgresSink {
         }
         let mut order: Vec<usize> = last.into_values().collect();
         order.sort_unstable();
-        let keys: Vec<&str> = order.iter().map(|&i| self.keys[i].as_str()).collect();
-        let values: Vec<&str> = order.iter().map(|&i| self.values[i].as_str()).collect();
+        let (mut keys, mut values, mut deleted) = (Vec::new(), Vec::new(), Vec::new());
+        for &i in &order {
+            match &self.values[i] {
+                Some(v) => {
+                    keys.push(self.keys[i].as_str());
+                    values.push(v.as_str());
+                }
+                None => deleted.push(self.keys[i].as_str()),
+            }
+        }
         let (epoch, upto_i) = (self.epoch, upto as i64);
         let upsert = format!(
             "INSERT INTO {} (key, value, epoch)
@@ -143,27 +260,62 @@ impl PostgresSink {
              ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, epoch = EXCLUDED.epoch, updated_at = now()",
             self.table
         );
+        let delete = format!("DELETE FROM {} WHERE key = ANY($1::text[])", self.table);
         let (job, table) = (self.job.clone(), self.table.clone());
         let client = &mut self.client;
         let done: std::result::Result<(), tokio_postgres::Error> = self.rt.block_on(async {
             let tx = client.transaction().await?;
             // Bounded statements, however large the epoch: one transaction all the same.
-            let upsert = tx.prepare(&upsert).await?;
-            for (k, v) in keys.chunks(CHUNK).zip(values.chunks(CHUNK)) {
-                tx.execute(&upsert, &[&k, &v, &epoch]).await?;
+            if !keys.is_empty() {
+                let upsert = tx.prepare(&upsert).await?;
+                for (k, v) in keys.chunks(CHUNK).zip(values.chunks(CHUNK)) {
+                    tx.execute(&upsert, &[&k, &v, &epoch]).await?;
+                }
+            }
+            for d in deleted.chunks(CHUNK) {
+                tx.execute(&delete, &[&d]).await?;
             }
             tx.execute(
-                "INSERT INTO km0_sink_epochs (job, sink_table, epoch, results_upto, results) VALUES ($1, $2, $3, $4, $5)",
-                &[&job, &table, &epoch, &upto_i, &results],
+                "INSERT INTO km0_sink_epochs (job, sink_table, epoch, results_upto, results, checkpoint_id, \
+                 parent_id, fingerprint) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[
+                    &job,
+                    &table,
+                    &epoch,
+                    &upto_i,
+                    &results,
+                    &barrier.id,
+                    &barrier.parent,
+                    &barrier.fingerprint,
+                ],
             )
             .await?;
             tx.commit().await
         });
-        done.map_err(|e| self.err(format!("commit epoch {epoch}: {e}")))?;
+        done.map_err(|e| self.err(format!("commit epoch {epoch}: {}", db_message(&e))))?;
         self.epoch += 1;
         self.committed = upto;
         self.keys.clear();
         self.values.clear();
         Ok(())
+    }
+}
+
+/// Why PostgreSQL cannot store a result, if it cannot: `text` and `jsonb` hold no NUL
+/// character (a JSON value can only carry one as the escape `\u0000`, in a string).
+pub fn refuses(key: &str, value: Option<&str>) -> Option<String> {
+    let nul = key.contains('\0') || value.is_some_and(|v| v.contains("\\u0000"));
+    nul.then(|| "PostgreSQL cannot store the NUL character (\\u0000) in a key or a JSON value".to_string())
+}
+
+/// The database's own message (with its detail) when there is one: tokio-postgres'
+/// Display says only "db error".
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(d) => format!("{}: {} ({d})", db.severity(), db.message()),
+            None => format!("{}: {}", db.severity(), db.message()),
+        },
+        None => e.to_string(),
     }
 }

@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 /// No event seen yet: nothing can be late and nothing fires.
 pub const MIN: i64 = i64::MIN;
 
-/// How often (in records) processing-time idleness is re-evaluated.
-const IDLE_CHECK_EVERY: u64 = 64;
+/// Processing-time idleness is re-evaluated at most this often while records flow (and
+/// by [`Watermarks::tick`] while the source has nothing), so a partition goes idle within
+/// its timeout plus this much.
+const IDLE_CHECK_MAX: Duration = Duration::from_millis(100);
 
 /// One partition's clock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,17 +63,32 @@ pub struct Watermarks {
     partitions: Vec<PartitionClock>,
     current: i64,
     records: u64,
+    /// When processing-time idleness is next looked at.
+    next_idle_check: Option<Instant>,
 }
 
 impl Watermarks {
     pub fn new(delay_ms: i64, idleness: Idleness) -> Self {
-        Watermarks { delay: delay_ms, idleness, partitions: Vec::new(), current: MIN, records: 0 }
+        Watermarks {
+            delay: delay_ms,
+            idleness,
+            partitions: Vec::new(),
+            current: MIN,
+            records: 0,
+            next_idle_check: None,
+        }
     }
 
     /// Resume from saved clocks, possibly with another delay; never below the saved value.
+    /// Processing-time idleness counts from the restore: a partition that stays silent
+    /// goes idle one timeout after it (as after a fresh start).
     pub fn restore(delay_ms: i64, idleness: Idleness, saved: &WatermarkState) -> Self {
         let mut w = Watermarks::new(delay_ms, idleness);
         w.partitions = saved.partitions.clone();
+        let now = Instant::now();
+        for p in &mut w.partitions {
+            p.last_seen = Some(now);
+        }
         w.records = saved.partitions.iter().map(|p| p.last_record).max().unwrap_or(0);
         w.current = saved.current;
         w
@@ -114,17 +131,29 @@ impl Watermarks {
         self.records += 1;
         let part = &mut self.partitions[p];
         part.last_record = self.records;
-        if self.idleness.timeout.is_some() {
-            part.last_seen = Some(Instant::now());
+        let now = self.idleness.timeout.map(|_| Instant::now());
+        if now.is_some() {
+            part.last_seen = now;
         }
         if part.idle {
             part.idle = false;
             self.recompute();
         }
         // Record-count idleness is exact (deterministic replays); processing-time
-        // idleness is looked at every few records.
+        // idleness is looked at every [`IDLE_CHECK_MAX`] at most.
         let by_records = self.idleness.after_records.is_some() && self.partitions.len() > 1;
-        if by_records || (self.idleness.timeout.is_some() && self.records % IDLE_CHECK_EVERY == 0) {
+        let by_time = matches!((now, self.next_idle_check), (Some(n), Some(next)) if n >= next)
+            || (now.is_some() && self.next_idle_check.is_none());
+        if by_records || by_time {
+            self.check_idle();
+        }
+        self.current
+    }
+
+    /// Processing time passes with no record (the source has nothing): look at
+    /// processing-time idleness. Returns the watermark.
+    pub fn tick(&mut self) -> i64 {
+        if self.idleness.timeout.is_some() {
             self.check_idle();
         }
         self.current
@@ -155,6 +184,9 @@ impl Watermarks {
     /// Mark partitions idle by the configured rules. Returns the watermark.
     pub fn check_idle(&mut self) -> i64 {
         let now = self.idleness.timeout.map(|_| Instant::now());
+        if let (Some(n), Some(t)) = (now, self.idleness.timeout) {
+            self.next_idle_check = Some(n + (t / 4).min(IDLE_CHECK_MAX));
+        }
         let mut changed = false;
         for part in self.partitions.iter_mut().filter(|p| !p.idle && !p.finished) {
             let by_records = self.idleness.after_records.is_some_and(|n| self.records - part.last_record > n);
@@ -229,6 +261,43 @@ mod tests {
         assert_eq!(w.current(), 2_500);
         w.finish(a);
         assert_eq!(w.current(), 3_000);
+    }
+
+    #[test]
+    fn a_silent_partition_goes_idle_on_time_with_few_records_and_after_a_restore() {
+        let idle = Idleness { timeout: Some(Duration::from_millis(200)), after_records: None };
+        let mut w = Watermarks::new(0, idle);
+        let a = w.partition("a");
+        let b = w.partition("b");
+        w.on_record(b);
+        w.observe(b, 100);
+        // a speaks rarely: 3 records over ~0.45 s; b is silent after its first record.
+        for i in 0..3 {
+            w.on_record(a);
+            w.observe(a, 1_000 + i);
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        w.on_record(a);
+        assert_eq!(w.observe(a, 2_000), 2_000, "b has been silent for over 200 ms: it is idle");
+        // With no record at all, a tick finds b idle while a is not (yet).
+        let idle3 = Idleness { timeout: Some(Duration::from_millis(300)), after_records: None };
+        let mut r = Watermarks::new(0, idle3);
+        let a = r.partition("a");
+        let b = r.partition("b");
+        r.on_record(b);
+        r.observe(b, 100);
+        std::thread::sleep(Duration::from_millis(200));
+        r.on_record(a);
+        r.observe(a, 3_000);
+        assert_eq!(r.current(), 100);
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(r.tick(), 3_000, "b silent 350 ms, a 150 ms");
+        let mut saved = w.save();
+        saved.partitions[1].idle = false;
+        let mut r = Watermarks::restore(0, idle, &saved);
+        std::thread::sleep(Duration::from_millis(250));
+        r.tick();
+        assert!(r.partitions()[1].idle, "restored clocks have a last-seen time");
     }
 
     #[test]

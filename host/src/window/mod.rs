@@ -52,8 +52,10 @@ impl Assigner {
     /// own session `[t, t + gap)` before merging.
     #[inline]
     pub fn slot(&self, t: i64) -> Window {
+        // Saturating: event times are checked against a range far from i64's limits,
+        // and this stays total (no overflow, no endless window list) even if not.
         let aligned = |step: i64| {
-            let start = t.div_euclid(step) * step;
+            let start = t.div_euclid(step).saturating_mul(step);
             Window { start, end: start.saturating_add(step) }
         };
         match *self {
@@ -79,13 +81,15 @@ impl Assigner {
             Assigner::Sliding { size, slide } => (slot.end, slot.start.saturating_add(size), slide),
             _ => (slot.end, slot.end, 1),
         };
-        (0..).map(move |i| first + i * step).take_while(move |&e| e <= last)
+        std::iter::successors(Some(first), move |&e| e.checked_add(step)).take_while(move |&e| e <= last)
     }
 
     /// The window that ends at `end` (sliding windows are identified by their end).
     pub fn window_ending(&self, end: i64) -> Window {
         match *self {
-            Assigner::Sliding { size, .. } | Assigner::Tumbling { size } => Window { start: end - size, end },
+            Assigner::Sliding { size, .. } | Assigner::Tumbling { size } => {
+                Window { start: end.saturating_sub(size), end }
+            }
             Assigner::Session { .. } => Window { start: end, end },
         }
     }
@@ -113,6 +117,21 @@ mod tests {
         assert_eq!(a.window_ends(pane).collect::<Vec<_>>(), vec![180, 240, 300, 360, 420]);
         assert_eq!(a.last_end(pane), 420);
         assert_eq!(a.window_ending(420), Window { start: 120, end: 420 });
+    }
+
+    #[test]
+    fn extreme_times_give_finite_windows() {
+        for a in [
+            Assigner::Tumbling { size: 300_000 },
+            Assigner::Sliding { size: 300_000, slide: 60_000 },
+            Assigner::Session { gap: 180_000 },
+        ] {
+            for t in [i64::MIN, i64::MIN + 1, 9_223_372_036_854_600_000, i64::MAX] {
+                let slot = a.slot(t);
+                assert!(slot.start <= slot.end, "{a:?} {t}");
+                assert!(a.window_ends(slot).count() <= 5, "{a:?} {t}");
+            }
+        }
     }
 
     #[test]

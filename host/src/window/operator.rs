@@ -14,7 +14,7 @@
 use super::{Assigner, Window};
 use crate::pipeline::WindowSpec;
 use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, Row, Value};
-use crate::plugin::{packed_item, FieldType, Groups, OnError, Plugin, PluginIdentity};
+use crate::plugin::{packed_item, FieldType, Groups, OnError, Packed, Plugin, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::{KeyTable, Timer, TimerKind, WindowState};
 use crate::{Error, Result};
@@ -40,13 +40,18 @@ pub struct OperatorCounters {
     pub windows_fired: u64,
     /// Result records written.
     pub emitted: u64,
+    /// Retractions written (results superseded under another key).
+    #[serde(default)]
+    pub retracted: u64,
 }
 
-/// A result record: the key it is written under and its JSON value.
+/// A result record: the key it is written under and its JSON value, or `None` for a
+/// retraction: the key no longer holds a result (a session that merged into one with
+/// another start; sinks write a tombstone or delete the row).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Emitted {
     pub key: String,
-    pub value: String,
+    pub value: Option<String>,
 }
 
 /// What became of an event.
@@ -136,6 +141,11 @@ pub struct WindowOperator {
     removed: Option<Vec<(Vec<u8>, i64)>>,
     on_error: OnError,
     rejected: Vec<Rejected>,
+    /// Ordered plugins: rows already handed over, per slot, in event-time order, kept
+    /// until the slot is cleaned up. A row that reaches the slot later brings them back
+    /// into the batch and the slot is rebuilt from an empty accumulator, so every
+    /// accumulator reflects all of its slot's rows in order.
+    held: FastMap<(u32, i64), Vec<Row>>,
 }
 
 impl WindowOperator {
@@ -170,6 +180,7 @@ impl WindowOperator {
             removed: None,
             on_error: OnError::default(),
             rejected: Vec::new(),
+            held: FastMap::default(),
         }
     }
 
@@ -192,8 +203,16 @@ impl WindowOperator {
         std::mem::take(&mut self.rejected)
     }
 
+    /// Key fields joined by '|', each escaped ([`push_key_part`]).
     fn key_text(&self, key: u32) -> String {
-        self.keys.fields(key).collect::<Vec<_>>().join("|")
+        let mut text = String::new();
+        for (i, f) in self.keys.fields(key).enumerate() {
+            if i > 0 {
+                text.push('|');
+            }
+            push_key_part(&mut text, f);
+        }
+        text
     }
 
     pub fn plugin(&self) -> &Plugin {
@@ -324,26 +343,33 @@ impl WindowOperator {
             return Ok(Verdict::Late { window: self.assigner.window_ending(last) });
         }
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
+        if slot.end <= wm {
+            // The slot may have been handed over already (ordered plugins).
+            self.reopen(k, slot.start);
+        }
         // A group already staged in this batch has its slot open.
         if self.batch.push_row(k, slot.start, t) && self.state.open(k, slot.start, slot) {
             self.schedule(k, slot.start, slot, wm);
         }
         self.stage_columns(slots);
         self.counters.accepted += 1;
-        if slot.end <= wm {
-            // Some of its windows have fired: update and emit again those still within
-            // the allowed lateness.
-            self.counters.late_updates += 1;
-            self.flush(Some(wm))?;
-            let ends: Vec<i64> = self
-                .assigner
+        // Windows of the slot that have fired but are within the allowed lateness take the
+        // event and are emitted again (windows that have not fired just take it).
+        let refire: Vec<i64> = if slot.end <= wm && self.lateness > 0 {
+            self.assigner
                 .window_ends(slot)
                 .filter(|&e| e <= wm && e.saturating_add(self.lateness) > wm)
-                .collect();
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if !refire.is_empty() {
+            self.counters.late_updates += 1;
+            self.flush(Some(wm))?;
             // Sliding windows are fired by their end; tumbling windows by their slot.
             let sliding = matches!(self.assigner, Assigner::Sliding { .. });
             let fires: Vec<(u32, i64)> =
-                ends.into_iter().map(|e| (k, if sliding { e } else { slot.start })).collect();
+                refire.into_iter().map(|e| (k, if sliding { e } else { slot.start })).collect();
             self.emit(&fires, out)?;
         } else if self.batch.len() >= self.batch_size {
             self.flush(Some(wm))?;
@@ -367,11 +393,19 @@ impl WindowOperator {
         let mut merged = own;
         let mut first: Option<(Window, usize)> = None;
         let mut count = 0;
+        // Whether a session it joins has fired already (its end is behind the watermark),
+        // and the starts of those that did: their results were written under their start.
+        let mut refires = false;
+        let mut fired_starts: Vec<i64> = Vec::new();
         let list = self.sessions.get(&k).map_or(&[][..], Vec::as_slice);
         for (i, r) in list.iter().enumerate() {
             let Some(w) = self.state.slot(k, r.id).map(|s| s.window) else { continue };
             if w.overlaps(&own) {
                 count += 1;
+                if w.end <= wm {
+                    refires = true;
+                    fired_starts.push(w.start);
+                }
                 merged = merged.union(&w);
                 if first.is_none_or(|(f, _)| w < f) {
                     first = Some((w, i));
@@ -396,6 +430,7 @@ impl WindowOperator {
             }
             Some((first_window, i)) => {
                 let target = list[i];
+                self.reopen(k, target.id);
                 if count > 1 {
                     self.merge_sessions(k, target.id, &own)?;
                 }
@@ -419,8 +454,20 @@ impl WindowOperator {
         self.batch.push_row(k, id, t);
         self.stage_columns(slots);
         self.counters.accepted += 1;
+        // A fired session that now has another start is superseded: retract its key, so an
+        // upsert consumer keeps one row per session.
+        fired_starts.sort_unstable();
+        for start in fired_starts.into_iter().filter(|&s| s != merged.start) {
+            let key = self.result_key(start, k);
+            self.counters.retracted += 1;
+            out.push(Emitted { key, value: None });
+        }
         if merged.end <= wm {
-            self.counters.late_updates += 1;
+            // The session is complete (within the allowed lateness): emit it now, again if
+            // it had fired.
+            if refires {
+                self.counters.late_updates += 1;
+            }
             self.flush(Some(wm))?;
             self.emit(&[(k, id)], out)?;
         } else if self.batch.len() >= self.batch_size {
@@ -447,17 +494,30 @@ impl WindowOperator {
             .collect();
         others.sort();
         let mut acc = self.state.acc(key, target).to_vec();
-        for (_, other) in others {
+        for (window, other) in others {
+            self.reopen(key, other);
             self.batch.relabel(key, other, target);
             let theirs = self.state.acc(key, other).to_vec();
             acc = match (acc.is_empty(), theirs.is_empty()) {
                 (_, true) => acc,
                 (true, false) => theirs,
                 (false, false) => {
-                    let m = self
-                        .plugin
-                        .merge(&packed_of([&acc[..]].into_iter()), &packed_of([&theirs[..]].into_iter()))?;
-                    packed_item(&m, 0).to_vec()
+                    let left = packed_of([&acc[..]].into_iter());
+                    match self.merge_pairs(&left, &packed_of([&theirs[..]].into_iter()))?.remove(0) {
+                        Ok(m) => m,
+                        Err(reason) => {
+                            // The merged-away session's accumulator cannot be folded in:
+                            // its result goes to the dead letters with the reason.
+                            let key_text = self.key_text(key);
+                            self.rejected.push(Rejected {
+                                key: key_text,
+                                window,
+                                event_times: Vec::new(),
+                                reason,
+                            });
+                            acc
+                        }
+                    }
                 }
             };
             self.remove_slot(key, other);
@@ -473,6 +533,9 @@ impl WindowOperator {
     /// key's last.
     fn remove_slot(&mut self, key: u32, id: i64) -> Option<bool> {
         let (_, last) = self.state.remove(key, id)?;
+        if !self.held.is_empty() {
+            self.held.remove(&(key, id));
+        }
         if let Some(r) = &mut self.removed {
             r.push((self.keys.encoded(key).to_vec(), id));
         }
@@ -502,12 +565,7 @@ impl WindowOperator {
                 })
             })
             .collect();
-        let rows = self
-            .batch
-            .rows()
-            .into_iter()
-            .map(|r| SavedRow { key: keys.encoded(r.key).to_vec(), id: r.id, time: r.time, values: r.values })
-            .collect();
+        let rows = self.saved_rows();
         let deletes = self.removed.as_mut().map(std::mem::take).unwrap_or_default();
         crate::state::rocks::Changes { puts, deletes, rows }
     }
@@ -565,10 +623,48 @@ impl WindowOperator {
             }
             Err(e) => return Err(e),
         };
-        for (i, (key, id)) in groups.into_iter().enumerate() {
+        for (i, &(key, id)) in groups.iter().enumerate() {
             self.state.set_acc(key, id, packed_item(&accs, i));
         }
+        if self.batch.ordered() {
+            for (i, &(key, id)) in groups.iter().enumerate() {
+                self.held.insert((key, id), self.batch.call_rows(i, key, id));
+            }
+        }
         Ok(())
+    }
+
+    /// Ordered plugins: a row is about to reach slot `(key, id)`; if the slot was handed
+    /// over already, its rows go back into the batch and its accumulator starts afresh,
+    /// so the next hand-over gives the plugin all of the slot's rows in order.
+    fn reopen(&mut self, key: u32, id: i64) {
+        if self.held.is_empty() {
+            return;
+        }
+        if let Some(rows) = self.held.remove(&(key, id)) {
+            for r in &rows {
+                self.batch.push(r);
+            }
+            self.state.set_acc(key, id, &[]);
+        }
+    }
+
+    /// Rows held for ordered plugins, in a deterministic order (by key, then slot).
+    fn held_rows(&self) -> Vec<SavedRow> {
+        let mut slots: Vec<(&[u8], i64, &Vec<Row>)> =
+            self.held.iter().map(|(&(k, id), rows)| (self.keys.encoded(k), id, rows)).collect();
+        slots.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        slots
+            .into_iter()
+            .flat_map(|(key, id, rows)| {
+                rows.iter().map(move |r| SavedRow {
+                    key: key.to_vec(),
+                    id,
+                    time: r.time,
+                    values: r.values.clone(),
+                })
+            })
+            .collect()
     }
 
     /// After a fault: a fresh instance, then one call per group; the groups that fail
@@ -578,7 +674,12 @@ impl WindowOperator {
         for (i, &(key, id)) in groups.iter().enumerate() {
             let (g, ev) = self.batch.single(i);
             match self.plugin.add(&g, &ev) {
-                Ok(acc) => self.state.set_acc(key, id, packed_item(&acc, 0)),
+                Ok(acc) => {
+                    self.state.set_acc(key, id, packed_item(&acc, 0));
+                    if self.batch.ordered() {
+                        self.held.insert((key, id), self.batch.call_rows(i, key, id));
+                    }
+                }
                 Err(e @ Error::PluginCall { .. }) => {
                     self.plugin.reset()?;
                     self.counters.accepted -= ev.event_time.len() as u64;
@@ -713,17 +814,23 @@ impl WindowOperator {
                     }
                     Err(err) => return Err(err),
                 };
-                let mut key = if self.prefixed { format!("{}|", self.name) } else { String::new() };
-                key.push_str(&w.start.to_string());
-                for f in self.keys.fields(*k) {
-                    key.push('|');
-                    key.push_str(f);
-                }
+                let key = self.result_key(w.start, *k);
                 self.counters.emitted += 1;
-                out.push(Emitted { key, value });
+                out.push(Emitted { key, value: Some(value) });
             }
         }
         Ok(())
+    }
+
+    /// The key a window's results are written under: `[<aggregation>|]<start>|<key fields>`.
+    fn result_key(&self, start: i64, k: u32) -> String {
+        let mut key = if self.prefixed { format!("{}|", self.name) } else { String::new() };
+        key.push_str(&start.to_string());
+        for f in self.keys.fields(k) {
+            key.push('|');
+            push_key_part(&mut key, f);
+        }
+        key
     }
 
     /// After a fault in `finish`: a fresh instance and one call per window; the windows
@@ -780,16 +887,65 @@ impl WindowOperator {
             }
         }
         let rounds = panes.iter().map(Vec::len).max().unwrap_or(0);
+        let mut failed: Vec<Option<String>> = vec![None; windows.len()];
         for r in 1..rounds {
-            let todo: Vec<usize> = (0..windows.len()).filter(|&w| panes[w].len() > r).collect();
+            let todo: Vec<usize> =
+                (0..windows.len()).filter(|&w| panes[w].len() > r && failed[w].is_none()).collect();
             let left = packed_of(todo.iter().map(|&w| windows[w].2.as_slice()));
             let right = packed_of(todo.iter().map(|&w| self.state.acc(windows[w].0, panes[w][r])));
-            let merged = self.plugin.merge(&left, &right)?;
-            for (i, &w) in todo.iter().enumerate() {
-                windows[w].2 = packed_item(&merged, i).to_vec();
+            for (merged, &w) in self.merge_pairs(&left, &right)?.into_iter().zip(&todo) {
+                match merged {
+                    Ok(acc) => windows[w].2 = acc,
+                    Err(reason) => failed[w] = Some(reason),
+                }
             }
         }
-        Ok(windows)
+        // Windows whose panes could not be merged are dead-lettered, not emitted.
+        let mut kept = Vec::with_capacity(windows.len());
+        for (w, reason) in windows.into_iter().zip(failed) {
+            match reason {
+                None => kept.push(w),
+                Some(reason) => {
+                    let key = self.key_text(w.0);
+                    self.rejected.push(Rejected { key, window: w.1, event_times: Vec::new(), reason });
+                }
+            }
+        }
+        Ok(kept)
+    }
+
+    /// Merge pairwise in one call; after a fault (with `on_error = "dead_letter"`), a fresh
+    /// instance and one call per pair, so that only the pairs that fail again fail.
+    fn merge_pairs(
+        &mut self,
+        left: &Packed,
+        right: &Packed,
+    ) -> Result<Vec<std::result::Result<Vec<u8>, String>>> {
+        let n = left.ends.len();
+        match self.plugin.merge(left, right) {
+            Ok(m) => Ok((0..n).map(|i| Ok(packed_item(&m, i).to_vec())).collect()),
+            Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
+                tracing::warn!(error = %e, "plugin fault in merge: isolating the pairs");
+                self.plugin.reset()?;
+                let mut out = Vec::with_capacity(n);
+                for i in 0..n {
+                    let (l, r) = (
+                        packed_of([packed_item(left, i)].into_iter()),
+                        packed_of([packed_item(right, i)].into_iter()),
+                    );
+                    match self.plugin.merge(&l, &r) {
+                        Ok(m) => out.push(Ok(packed_item(&m, 0).to_vec())),
+                        Err(e @ Error::PluginCall { .. }) => {
+                            self.plugin.reset()?;
+                            out.push(Err(e.to_string()));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(out)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// A result value must be one JSON object on one line, of at most [`MAX_RESULT_BYTES`].
@@ -843,21 +999,28 @@ impl WindowOperator {
                 acc: s.acc.clone(),
             })
             .collect();
-        let rows = self
-            .batch
-            .rows()
-            .into_iter()
-            .map(|r: Row| SavedRow {
-                key: keys.encoded(r.key).to_vec(),
-                id: r.id,
-                time: r.time,
-                values: r.values,
-            })
-            .collect();
+        let rows = self.saved_rows();
         Ok(Snapshot { slots, rows, counters: self.counters.clone() })
     }
 
+    /// Rows an ordered plugin holds, for checkpoints: those handed over (held until their
+    /// slot is cleaned up), then those staged, in arrival order.
+    fn saved_rows(&self) -> Vec<SavedRow> {
+        let keys = &self.keys;
+        let mut rows = self.held_rows();
+        rows.extend(self.batch.rows().into_iter().map(|r| SavedRow {
+            key: keys.encoded(r.key).to_vec(),
+            id: r.id,
+            time: r.time,
+            values: r.values,
+        }));
+        rows
+    }
+
     /// Load a savepoint's state (accumulators already migrated) at watermark `wm`.
+    /// Saved rows go back into the batch; a slot with saved rows starts from an empty
+    /// accumulator and is rebuilt from all of them (its rows were either all handed over
+    /// or none were), which gives the accumulator an uninterrupted run holds.
     pub fn restore(&mut self, snap: &Snapshot, wm: i64) -> Result<()> {
         for s in &snap.slots {
             let k = self.keys.intern(&s.key);
@@ -872,6 +1035,7 @@ impl WindowOperator {
         for r in &snap.rows {
             let k = self.keys.intern(&r.key);
             self.batch.push(&Row { key: k, id: r.id, time: r.time, values: r.values.clone() });
+            self.state.set_acc(k, r.id, &[]);
         }
         self.counters = snap.counters.clone();
         Ok(())
@@ -891,6 +1055,46 @@ impl WindowOperator {
     }
 }
 
+/// Append a key field to a result key: `\` and `|` are escaped with `\`, so different
+/// keys never collide (`queso|curado` + `girona` vs `queso` + `curado|girona`); a field
+/// without either is written as it is.
+pub fn push_key_part(out: &mut String, field: &str) {
+    if !field.contains(['|', '\\']) {
+        out.push_str(field);
+        return;
+    }
+    for c in field.chars() {
+        if c == '|' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
 fn parse_f64(raw: &[u8]) -> Option<f64> {
     std::str::from_utf8(raw).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_key_part;
+
+    fn key(fields: &[&str]) -> String {
+        let mut k = "1757844000000".to_string();
+        for f in fields {
+            k.push('|');
+            push_key_part(&mut k, f);
+        }
+        k
+    }
+
+    #[test]
+    fn result_keys_escape_the_separator_and_keep_plain_keys_as_they_are() {
+        assert_eq!(key(&["queso-curado", "girona"]), "1757844000000|queso-curado|girona");
+        let (a, b) = (key(&["queso|curado", "girona"]), key(&["queso", "curado|girona"]));
+        assert_eq!(a, r"1757844000000|queso\|curado|girona");
+        assert_eq!(b, r"1757844000000|queso|curado\|girona");
+        assert_ne!(key(&[r"a\", "b"]), key(&[r"a\|b"]));
+        assert_eq!(key(&[r"a\", "b"]), r"1757844000000|a\\|b");
+    }
 }

@@ -3,9 +3,12 @@
 //! - `loop`: never returns; `alloc`: allocates until it cannot; `panic`: panics;
 //! - `panic_on`: panics only on the events of the key given as `key`;
 //! - `alloc_4g`: asks for one allocation of almost 4 GB;
-//! - `garbage`: emits a value that is not JSON; `huge`: emits a 2 MB record;
-//! - `probe`: tries the filesystem, the environment, the clock and the network, and
-//!   reports what it got (a sandboxed plugin gets nothing).
+//! - `garbage`: emits a value that is not JSON; `huge`: emits a 2 MB record; `big`: a
+//!   300 kB one;
+//! - `sleep`: sleeps 5 s in every `add`; `sleep_forever`: sleeps in a loop;
+//! - `merge_panic`: panics in `merge` (sliding panes, sessions);
+//! - `probe`: tries the filesystem, the environment, the clocks and the network, and
+//!   reports what it got (a sandboxed plugin gets nothing, and clocks that stand still).
 
 use km0_plugin::{Aggregate, Config, Events, Field, Group, Output};
 use serde::{Deserialize, Serialize};
@@ -55,12 +58,22 @@ impl Aggregate for Hostile {
                 }
             }
             "panic" => panic!("hostile plugin panics on purpose"),
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_secs(5));
+                acc.n += events.len() as u64;
+            }
+            "sleep_forever" => loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            },
             "panic_on" if group.key(0) == self.key => panic!("hostile plugin panics on key {}", self.key),
             _ => acc.n += events.len() as u64,
         }
     }
 
     fn merge(&self, acc: &mut Acc, other: Acc) {
+        if self.behaviour == "merge_panic" {
+            panic!("hostile plugin panics in merge on purpose");
+        }
         acc.n += other.n;
     }
 
@@ -68,10 +81,18 @@ impl Aggregate for Hostile {
         match self.behaviour.as_str() {
             "garbage" => out.emit_raw("this is {not json"),
             "huge" => out.emit(&serde_json::json!({ "key": group.key(0), "blob": "x".repeat(2 << 20) })),
+            "big" => out.emit(&serde_json::json!({ "key": group.key(0), "blob": "x".repeat(300_000) })),
             _ => {
                 let file = std::fs::read_to_string("/etc/passwd").map(|s| s.len()).map_err(|e| e.to_string());
                 let dir = std::fs::read_dir("/").map(|d| d.count()).map_err(|e| e.to_string());
                 let net = std::net::TcpStream::connect("127.0.0.1:9").map(|_| ()).map_err(|e| e.to_string());
+                let wall_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                let t = std::time::Instant::now();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let slept_ns = t.elapsed().as_nanos() as u64;
                 out.emit(&serde_json::json!({
                     "key": group.key(0),
                     "events": acc.n,
@@ -80,6 +101,8 @@ impl Aggregate for Hostile {
                     "env": std::env::vars().count(),
                     "args": std::env::args().count(),
                     "net": format!("{net:?}"),
+                    "wall_ms": wall_ms,
+                    "slept_ns": slept_ns,
                 }));
             }
         }

@@ -814,6 +814,22 @@ fn encode_side(buf: &mut Vec<u8>, record: &impl Serialize) -> Result<()> {
 
 impl Job {
     fn new(pipeline: &Pipeline, plugins: Vec<Plugin>) -> Result<Job> {
+        // A plugin that reads more key fields than the pipeline's key has is refused now,
+        // not on every window.
+        for (a, p) in pipeline.aggregations.iter().zip(&plugins) {
+            let need = p.key_fields() as usize;
+            if need > pipeline.key.len() {
+                return Err(Error::Plugin {
+                    plugin: format!("{} {}", p.identity().name, p.identity().version),
+                    message: format!(
+                        "aggregation {:?} reads {need} key fields from every group, but the pipeline's key {:?} has {}",
+                        a.name,
+                        pipeline.key,
+                        pipeline.key.len()
+                    ),
+                });
+            }
+        }
         let fingerprint = results_fingerprint(pipeline, &plugins);
         let (decoder, columns) = Decoder::new(pipeline, &plugins)?;
         let prefixed = pipeline.aggregations.len() > 1;

@@ -281,6 +281,10 @@ fn print_plugin(runtime: &PluginRuntime, plugin: &Path) -> Result<()> {
     println!("contract:      km0:plugin@{} (world aggregate-plugin)", id.contract);
     println!("sha256:        {}", id.sha256);
     println!("ordered input: {}", info.ordered_input);
+    println!(
+        "key fields:    {}",
+        if id.key_fields == 0 { "any".to_string() } else { id.key_fields.to_string() }
+    );
     for f in &info.fields {
         let ty = format!("{:?}", f.type_);
         println!("field:         {} ({})", f.name, ty.trim_start_matches("FieldType::").to_lowercase());

@@ -72,7 +72,8 @@ fn plugin_inspect_describes_a_component() {
     for want in [
         "name:          distance",
         "state schema:  1",
-        "km0:plugin@0.1.0",
+        "km0:plugin@0.2.0",
+        "key fields:    1",
         "ordered input: true",
         "field:         lat",
     ] {
@@ -97,4 +98,28 @@ fn every_example_pipeline_validates() {
         }
     }
     assert!(checked >= 6, "example pipelines found: {checked}");
+}
+
+#[test]
+fn validate_refuses_a_key_shorter_than_the_plugin_reads() {
+    // min-stock reads producto and mercado from every group's key.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(example())
+        .unwrap()
+        .replace("key = [\"producto\", \"mercado\"]", "key = [\"producto\"]")
+        .replace(
+            "data/stock.jsonl",
+            &repo().join("examples/stock-alert/data/stock.jsonl").display().to_string(),
+        )
+        .replace("../../plugins/dist/", &format!("{}/", repo().join("plugins/dist").display()));
+    let p = dir.path().join("p.toml");
+    std::fs::write(&p, text).unwrap();
+    let out = km0().arg("validate").arg(&p).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("reads 2 key fields") && err.contains("[\"producto\"] has 1"), "{err}");
+    // And a run refuses before writing anything.
+    let out = km0().arg("run").arg(&p).output().unwrap();
+    assert!(!out.status.success());
+    assert!(!dir.path().join("out/alertas.jsonl").exists());
 }

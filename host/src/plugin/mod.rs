@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod contract;
 pub mod sandbox;
 
 use crate::pipeline::hex;
@@ -21,21 +22,14 @@ use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store, Trap};
 
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "km0:plugin/aggregate-plugin",
-    });
-}
-
-use bindings::exports::km0::plugin::aggregate::Guest as AggregateExports;
-pub use bindings::km0::plugin::types::{
+pub use contract::v0_2::km0::plugin::types::{
     Column, Emitted, Events, Field, FieldType, Groups, Packed, PluginInfo,
 };
-use bindings::{AggregatePlugin, AggregatePluginPre};
+use contract::{Instance, Pre};
 
-/// The contract version this host implements (the `package` version in `wit/`).
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The contract version of `wit/aggregate.wit`; [`contract::SUPPORTED`] lists every
+/// version this host runs plugins of.
+pub const CONTRACT_VERSION: &str = contract::CURRENT;
 
 /// Who a plugin is: recorded in savepoints and compared on deploy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,7 +39,11 @@ pub struct PluginIdentity {
     pub state_schema: u32,
     /// SHA-256 of the component file.
     pub sha256: String,
+    /// The contract version the component was built against.
     pub contract: String,
+    /// Key fields the plugin reads from every group (0: any, or a 0.1.0 plugin).
+    #[serde(default)]
+    pub key_fields: u32,
 }
 
 /// What one plugin instance may use.
@@ -161,31 +159,35 @@ impl PluginRuntime {
         store.set_epoch_deadline(deadline);
         // The contract version the component was built against, from its export's name.
         let built_for = contract_of(&self.engine, &component);
+        let supported = contract::SUPPORTED.join(", ");
+        let version = match &built_for {
+            Some(v) if contract::SUPPORTED.contains(&v.as_str()) => v.clone(),
+            Some(v) => return Err(fail(format!(
+                "was built against the km0 contract {v} (km0:plugin/aggregate@{v}); this km0 runs plugins \
+                     built against {supported}: rebuild it against km0's wit/ (or run it on a km0 that \
+                     implements {v})"
+            ))),
+            None => CONTRACT_VERSION.to_string(),
+        };
         let contract = |e: wasmtime::Error| {
-            match &built_for {
-            Some(v) if v != CONTRACT_VERSION => fail(format!(
-                "was built against the km0 contract {v} (km0:plugin/aggregate@{v}); this km0 implements \
-                 {CONTRACT_VERSION} and runs plugins built against exactly that version: rebuild it against \
-                 km0's wit/ (or run it on a km0 that implements {v})"
-            )),
-            _ => fail(format!(
-                "does not implement the km0 contract (world km0:plugin/aggregate-plugin@{CONTRACT_VERSION}): {e:#}"
-            )),
-        }
+            fail(format!(
+                "does not implement the km0 contract (world km0:plugin/aggregate-plugin@{version}; this km0 \
+                 runs {supported}): {e:#}"
+            ))
         };
         let pre = self.linker.instantiate_pre(&component).map_err(contract)?;
-        let pre = AggregatePluginPre::new(pre).map_err(contract)?;
+        let pre = Pre::new(&version, pre).map_err(contract)?;
         let instance = pre.instantiate(&mut store).map_err(contract)?;
-        let info = instance
-            .km0_plugin_aggregate()
-            .call_info(&mut store)
-            .map_err(|e| fail(format!("info trapped: {e:#}")))?;
+        let info = instance.info(&mut store).map_err(|e| fail(format!("info trapped: {e:#}")))?;
+        let key_fields =
+            instance.key_fields(&mut store).map_err(|e| fail(format!("key-fields trapped: {e:#}")))?;
         let identity = PluginIdentity {
             name: info.name.clone(),
             version: info.version.clone(),
             state_schema: info.state_schema,
             sha256: hex(&Sha256::digest(bytes)),
-            contract: built_for.unwrap_or_else(|| CONTRACT_VERSION.into()),
+            contract: version,
+            key_fields,
         };
         Ok(Plugin { store, instance, info, identity, deadline, limits, pre, config: Vec::new() })
     }
@@ -206,14 +208,14 @@ fn runtime_error(message: String) -> Error {
 /// A configured plugin instance.
 pub struct Plugin {
     store: Store<GuestState>,
-    instance: AggregatePlugin,
+    instance: Instance,
     info: PluginInfo,
     identity: PluginIdentity,
     /// Epochs one call may run.
     deadline: u64,
     limits: Limits,
     /// To make a fresh instance after a trap.
-    pre: AggregatePluginPre<GuestState>,
+    pre: Pre,
     config: Vec<(String, String)>,
 }
 
@@ -226,11 +228,15 @@ impl Plugin {
         &self.identity
     }
 
+    /// How many key fields the plugin reads from every group (0: any).
+    pub fn key_fields(&self) -> u32 {
+        self.identity.key_fields
+    }
+
     fn configure(&mut self) -> std::result::Result<(), String> {
         self.store.set_epoch_deadline(self.deadline);
         self.instance
-            .km0_plugin_aggregate()
-            .call_configure(&mut self.store, &self.config)
+            .configure(&mut self.store, &self.config)
             .map_err(|e| format!("configure trapped: {e:#}"))?
             .map_err(|reason| format!("refused its configuration: {reason}"))
     }
@@ -261,10 +267,10 @@ impl Plugin {
     fn call<T>(
         &mut self,
         call: &'static str,
-        f: impl FnOnce(&AggregateExports, &mut Store<GuestState>) -> wasmtime::Result<Result<T, String>>,
+        f: impl FnOnce(&Instance, &mut Store<GuestState>) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T> {
         self.store.set_epoch_deadline(self.deadline);
-        match f(self.instance.km0_plugin_aggregate(), &mut self.store) {
+        match f(&self.instance, &mut self.store) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(reason)) => Err(self.call_error(call, reason)),
             Err(trap) if trap.downcast_ref::<Trap>() == Some(&Trap::Interrupt) => Err(self.call_error(
@@ -283,14 +289,14 @@ impl Plugin {
 
     /// Fold a batch into its groups' accumulators.
     pub fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
-        let out = self.call("add", |api, store| api.call_add(store, groups, events))?;
+        let out = self.call("add", |i, store| i.add(store, groups, events))?;
         self.check_packed("add", &out, groups.window_start.len())?;
         Ok(out)
     }
 
     /// Pairwise merge of accumulators.
     pub fn merge(&mut self, left: &Packed, right: &Packed) -> Result<Packed> {
-        let out = self.call("merge", |api, store| api.call_merge(store, left, right))?;
+        let out = self.call("merge", |i, store| i.merge(store, left, right))?;
         self.check_packed("merge", &out, left.ends.len())?;
         Ok(out)
     }
@@ -298,7 +304,7 @@ impl Plugin {
     /// Results of firing windows.
     pub fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
         let n = groups.window_start.len();
-        let out = self.call("finish", |api, store| api.call_finish(store, groups))?;
+        let out = self.call("finish", |i, store| i.finish(store, groups))?;
         if let Some(bad) = out.iter().find(|e| e.group as usize >= n) {
             return Err(self.call_error("finish", format!("emitted for group {} of {n}", bad.group)));
         }
@@ -307,7 +313,7 @@ impl Plugin {
 
     /// Convert accumulators of state schema `from` to this plugin's schema.
     pub fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed> {
-        let out = self.call("migrate", |api, store| api.call_migrate(store, from, accumulators))?;
+        let out = self.call("migrate", |i, store| i.migrate(store, from, accumulators))?;
         self.check_packed("migrate", &out, accumulators.ends.len())?;
         Ok(out)
     }

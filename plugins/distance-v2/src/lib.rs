@@ -20,6 +20,7 @@ impl Aggregate for Distance3d {
     const NAME: &'static str = "distance";
     const STATE_SCHEMA: u32 = 1;
     const FIELDS: &'static [Field] = &[Field::float("lat"), Field::float("lon"), Field::float("altitud")];
+    const KEY_FIELDS: u32 = 1;
     const ORDERED_INPUT: bool = true;
     type Acc = Acc;
 

@@ -47,6 +47,7 @@ impl Aggregate for Distance {
     const NAME: &'static str = "distance";
     const STATE_SCHEMA: u32 = 1;
     const FIELDS: &'static [Field] = &[Field::float("lat"), Field::float("lon")];
+    const KEY_FIELDS: u32 = 1;
     const ORDERED_INPUT: bool = true;
     type Acc = Acc;
 

@@ -28,6 +28,7 @@ impl Aggregate for Hostile {
     const NAME: &'static str = "hostile";
     const STATE_SCHEMA: u32 = 1;
     const FIELDS: &'static [Field] = &[];
+    const KEY_FIELDS: u32 = 1;
     type Acc = Acc;
 
     fn configure(config: &Config) -> Result<Self, String> {

@@ -28,6 +28,10 @@ export const aggregate = {
       orderedInput: false,
     };
   },
+  // Reads producto and mercado from every group's key.
+  keyFields() {
+    return 2;
+  },
   configure(config) {
     for (const [name, value] of config) {
       if (name !== 'threshold') throw `unknown config \`${name}\` (known: threshold)`;

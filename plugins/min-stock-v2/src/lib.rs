@@ -42,6 +42,7 @@ impl Aggregate for MinStock {
     const NAME: &'static str = "min-stock";
     const STATE_SCHEMA: u32 = 2;
     const FIELDS: &'static [Field] = &[Field::int("stock_actual"), Field::int("delta")];
+    const KEY_FIELDS: u32 = 2;
     type Acc = Acc;
 
     fn configure(config: &Config) -> Result<Self, String> {

@@ -29,6 +29,7 @@ impl Aggregate for MinStock {
     const NAME: &'static str = "min-stock";
     const STATE_SCHEMA: u32 = 1;
     const FIELDS: &'static [Field] = &[Field::int("stock_actual")];
+    const KEY_FIELDS: u32 = 2;
     type Acc = Acc;
 
     fn configure(config: &Config) -> Result<Self, String> {

@@ -35,6 +35,10 @@ class Aggregate(exports.Aggregate):
             ordered_input=False,
         )
 
+    def key_fields(self) -> int:
+        # Reads producto and mercado from every group's key.
+        return 2
+
     def configure(self, config):
         for name, value in config:
             if name != "threshold":

@@ -45,7 +45,7 @@ use bindings::km0::plugin::types as wit;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the WIT contract this SDK implements.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
 
 /// Type of a field the plugin reads from every event.
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +90,9 @@ pub trait Aggregate: Sized + 'static {
     const FIELDS: &'static [Field];
     /// True if `add` needs each group's events in event-time order.
     const ORDERED_INPUT: bool = false;
+    /// How many key fields the plugin reads ([`Group::key`]`(0..KEY_FIELDS)`): km0 refuses
+    /// a pipeline whose `key` is shorter. 0: any.
+    const KEY_FIELDS: u32 = 0;
 
     /// The accumulator. `Default` is the fresh accumulator of a new window.
     type Acc: Default + Serialize + DeserializeOwned;

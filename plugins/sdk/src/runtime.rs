@@ -180,6 +180,9 @@ macro_rules! export_plugin {
             fn info() -> $crate::bindings::km0::plugin::types::PluginInfo {
                 $crate::__rt::info::<$plugin>(env!("CARGO_PKG_VERSION"))
             }
+            fn key_fields() -> u32 {
+                <$plugin as $crate::Aggregate>::KEY_FIELDS
+            }
             fn configure(config: Vec<(String, String)>) -> Result<(), String> {
                 $crate::__rt::configure::<$plugin>(config)
             }

@@ -29,6 +29,7 @@ impl Aggregate for SessionGap {
     const NAME: &'static str = "session-gap";
     const STATE_SCHEMA: u32 = 1;
     const FIELDS: &'static [Field] = &[];
+    const KEY_FIELDS: u32 = 1;
     type Acc = Acc;
 
     fn configure(config: &Config) -> Result<Self, String> {

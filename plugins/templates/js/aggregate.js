@@ -31,6 +31,10 @@ export const aggregate = {
       orderedInput: false,
     };
   },
+  // How many key fields this logic reads (0: any; the key is reported whole).
+  keyFields() {
+    return 0;
+  },
   configure(config) {
     for (const [name, value] of config) {
       if (name !== 'min_count') throw `unknown config \`${name}\` (known: min_count)`;

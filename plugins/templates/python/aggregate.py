@@ -42,6 +42,10 @@ class Aggregate(exports.Aggregate):
             ordered_input=False,
         )
 
+    def key_fields(self) -> int:
+        # How many key fields this logic reads (0: any; the key is reported whole).
+        return 0
+
     def configure(self, config):
         for name, value in config:
             if name != "min_count":

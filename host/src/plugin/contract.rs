@@ -1,0 +1,107 @@
+//! The contract versions this host runs plugins of: the current `wit/aggregate.wit` and
+//! every older minor version kept in `wit/<version>/`. Each has its own bindings; they
+//! share the data types (the `types` interface has not changed since 0.1.0), so a call
+//! costs the same whatever version the plugin was built against.
+
+use super::sandbox::GuestState;
+use super::{Emitted, Events, Groups, Packed, PluginInfo};
+use wasmtime::component::InstancePre;
+use wasmtime::Store;
+
+/// Contract 0.2.0 (current): adds `key-fields`.
+pub mod v0_2 {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "km0:plugin/aggregate-plugin",
+    });
+}
+
+/// Contract 0.1.0.
+pub mod v0_1 {
+    wasmtime::component::bindgen!({
+        path: "../wit/0.1.0",
+        world: "km0:plugin/aggregate-plugin",
+        with: { "km0:plugin/types@0.1.0": super::v0_2::km0::plugin::types },
+    });
+}
+
+/// The contract version of `wit/aggregate.wit`.
+pub const CURRENT: &str = "0.2.0";
+
+/// Every contract version this host runs plugins of, oldest first.
+pub const SUPPORTED: &[&str] = &["0.1.0", "0.2.0"];
+
+/// A component linked against the version it was built for, ready to instantiate.
+pub enum Pre {
+    V0_2(v0_2::AggregatePluginPre<GuestState>),
+    V0_1(v0_1::AggregatePluginPre<GuestState>),
+}
+
+impl Pre {
+    /// Bind `pre` to contract `version` (one of [`SUPPORTED`]).
+    pub fn new(version: &str, pre: InstancePre<GuestState>) -> wasmtime::Result<Pre> {
+        match version {
+            "0.1.0" => Ok(Pre::V0_1(v0_1::AggregatePluginPre::new(pre)?)),
+            _ => Ok(Pre::V0_2(v0_2::AggregatePluginPre::new(pre)?)),
+        }
+    }
+
+    pub fn instantiate(&self, store: &mut Store<GuestState>) -> wasmtime::Result<Instance> {
+        match self {
+            Pre::V0_2(p) => p.instantiate(store).map(Instance::V0_2),
+            Pre::V0_1(p) => p.instantiate(store).map(Instance::V0_1),
+        }
+    }
+}
+
+/// An instance of a plugin, of whichever contract version.
+pub enum Instance {
+    V0_2(v0_2::AggregatePlugin),
+    V0_1(v0_1::AggregatePlugin),
+}
+
+/// Call export `$call` with the same arguments whatever the version.
+macro_rules! each_version {
+    ($self:expr, $store:expr, $call:ident ( $($arg:expr),* )) => {
+        match $self {
+            Instance::V0_2(i) => i.km0_plugin_aggregate().$call($store $(, $arg)*),
+            Instance::V0_1(i) => i.km0_plugin_aggregate().$call($store $(, $arg)*),
+        }
+    };
+}
+
+type Call<T> = wasmtime::Result<Result<T, String>>;
+
+impl Instance {
+    pub fn info(&self, store: &mut Store<GuestState>) -> wasmtime::Result<PluginInfo> {
+        each_version!(self, store, call_info())
+    }
+
+    /// Key fields the plugin reads; a 0.1.0 plugin does not say (0: any).
+    pub fn key_fields(&self, store: &mut Store<GuestState>) -> wasmtime::Result<u32> {
+        match self {
+            Instance::V0_2(i) => i.km0_plugin_aggregate().call_key_fields(store),
+            Instance::V0_1(_) => Ok(0),
+        }
+    }
+
+    pub fn configure(&self, store: &mut Store<GuestState>, config: &[(String, String)]) -> Call<()> {
+        each_version!(self, store, call_configure(config))
+    }
+
+    pub fn add(&self, store: &mut Store<GuestState>, groups: &Groups, events: &Events) -> Call<Packed> {
+        each_version!(self, store, call_add(groups, events))
+    }
+
+    pub fn merge(&self, store: &mut Store<GuestState>, left: &Packed, right: &Packed) -> Call<Packed> {
+        each_version!(self, store, call_merge(left, right))
+    }
+
+    pub fn finish(&self, store: &mut Store<GuestState>, groups: &Groups) -> Call<Vec<Emitted>> {
+        each_version!(self, store, call_finish(groups))
+    }
+
+    pub fn migrate(&self, store: &mut Store<GuestState>, from: u32, accumulators: &Packed) -> Call<Packed> {
+        each_version!(self, store, call_migrate(from, accumulators))
+    }
+}

@@ -399,3 +399,34 @@ path = "out/dead.jsonl"
     assert!(dead.iter().all(|d| d["value"].as_str().unwrap().len() > 300_000));
     assert!(broker.read_all("grandes").is_empty());
 }
+
+#[test]
+fn a_bounded_run_restarted_stops_where_it_would_have_stopped() {
+    // A bounded run ends at the log ends seen when it first started: records produced
+    // after that are not read, even by a run that resumes from its savepoint later.
+    let broker = Tansu::start();
+    let s = stream(20_000, 0.0);
+    s.produce(&broker);
+    let total: usize = s.parts.iter().map(Vec::len).sum();
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_pipeline(
+        dir.path(),
+        &kafka_source(&broker, "km0-bounded"),
+        "kind = \"file\"\npath = \"out/alertas.jsonl\"",
+        "path = \"out/dead-letter.jsonl\"",
+        "",
+    );
+    let runtime = PluginRuntime::new().unwrap();
+    let stopped =
+        job::run(&p, &RunOptions { stop_with_savepoint_after: Some(8_000), ..Default::default() }, &runtime)
+            .unwrap();
+    // More records arrive in every partition after the first start.
+    let extra: Vec<(i32, Option<String>, Vec<u8>)> =
+        (0..3).map(|p| (p, None, b"{\"tipo\":\"otro\",\"fecha_ms\":1}".to_vec())).collect();
+    broker.produce(INPUT, &extra);
+    let resumed =
+        job::run(&p, &RunOptions { from_savepoint: stopped.savepoint, ..Default::default() }, &runtime)
+            .unwrap();
+    assert_eq!(resumed.counters.read as usize, total, "the resumed run stops at the first start's log ends");
+    assert_eq!(resumed.records_this_run as usize, total - 8_000);
+}

@@ -363,6 +363,7 @@ fn start(
                         backpressure_pauses += 1;
                         job.drain_output(&mut source, &mut lag_at)?;
                     }
+                    job.check_deliveries()?;
                     report_lag(&source, &mut lag_at);
                 }
             }
@@ -372,6 +373,7 @@ fn start(
                     job.partition_ended(p)?;
                 }
                 job.tick()?;
+                job.check_deliveries()?;
                 report_lag(&source, &mut lag_at);
                 if let Some(c) = checkpoints.as_mut() {
                     c.completed(&mut job, &source, false)?;
@@ -982,6 +984,16 @@ impl Job {
             self.write_results()?;
         }
         Ok(())
+    }
+
+    /// Between barriers (and with no checkpoints at all): a delivery that failed for
+    /// everything fails the job now; records refused for themselves go to the dead
+    /// letters.
+    fn check_deliveries(&mut self) -> Result<()> {
+        let Some(out) = self.output.as_mut() else { return Ok(()) };
+        out.check_deliveries()?;
+        let refused = out.take_refused();
+        self.dead_letter_results(refused)
     }
 
     /// Processing time passed with nothing to read: processing-time idleness may move the

@@ -63,18 +63,28 @@ export class Writer {
   bytes() { return Uint8Array.from(this.out); }
 }
 
+/** postcard decoding, as strict as the Rust SDK's: a varint of at most 10 bytes that
+ * fits 64 bits, an option tag of 0 or 1, and (with `end`) no bytes left over. */
 export class Reader {
   constructor(b) { this.b = b; this.i = 0; }
   u64() {
     let n = 0n;
     let shift = 0n;
-    for (;;) {
+    for (let k = 0; k < 10; k++) {
       if (this.i >= this.b.length) throw new Error('truncated accumulator');
       const c = this.b[this.i++];
       n |= BigInt(c & 0x7f) << shift;
-      if (c < 0x80) return n;
+      if (c < 0x80) {
+        if (n >> 64n) throw new Error('varint out of range in accumulator');
+        return n;
+      }
       shift += 7n;
     }
+    throw new Error('varint longer than 10 bytes in accumulator');
+  }
+  end() {
+    if (this.i !== this.b.length) throw new Error(`${this.b.length - this.i} bytes left over in accumulator`);
+    return this;
   }
   i64() {
     const n = this.u64();
@@ -82,6 +92,8 @@ export class Reader {
   }
   optionI64() {
     if (this.i >= this.b.length) throw new Error('truncated accumulator');
-    return this.b[this.i++] === 1 ? this.i64() : null;
+    const tag = this.b[this.i++];
+    if (tag > 1) throw new Error(`option tag ${tag} in accumulator`);
+    return tag === 1 ? this.i64() : null;
   }
 }

@@ -162,11 +162,13 @@ impl PluginRuntime {
         let supported = contract::SUPPORTED.join(", ");
         let version = match &built_for {
             Some(v) if contract::SUPPORTED.contains(&v.as_str()) => v.clone(),
-            Some(v) => return Err(fail(format!(
+            Some(v) => {
+                return Err(fail(format!(
                 "was built against the km0 contract {v} (km0:plugin/aggregate@{v}); this km0 runs plugins \
                      built against {supported}: rebuild it against km0's wit/ (or run it on a km0 that \
                      implements {v})"
-            ))),
+            )))
+            }
             None => CONTRACT_VERSION.to_string(),
         };
         let contract = |e: wasmtime::Error| {

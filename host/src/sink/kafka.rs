@@ -266,12 +266,19 @@ impl KafkaSink {
         self.in_flight() <= self.max_in_flight / 5
     }
 
-    /// Wait until everything sent is acknowledged; fail if anything was not delivered.
+    /// Wait until everything sent is acknowledged; fail if anything was not delivered
+    /// (records refused for themselves are kept for [`Self::take_refused`]).
     pub fn barrier(&mut self) -> Result<()> {
         let err = |message: String| Error::Kafka { brokers: self.target.brokers.clone(), message };
         self.producer
             .flush(FLUSH_TIMEOUT)
             .map_err(|e| err(format!("flush topic {:?}: {e}", self.target.topic)))?;
+        self.check_failures()
+    }
+
+    /// Fail if a delivery has failed for a reason that affects everything.
+    pub fn check_failures(&self) -> Result<()> {
+        let err = |message: String| Error::Kafka { brokers: self.target.brokers.clone(), message };
         let ctx = self.producer.context();
         if ctx.failed.load(Ordering::Relaxed) > 0 {
             let first = ctx.first_error.lock().ok().and_then(|f| f.clone()).unwrap_or_default();

@@ -216,6 +216,15 @@ impl ResultSink {
         }
     }
 
+    /// Fail if a delivery failed for a reason that affects everything (Kafka), without
+    /// waiting for anything in flight.
+    pub fn check_deliveries(&self) -> Result<()> {
+        match self {
+            ResultSink::Kafka(s) => s.check_failures(),
+            _ => Ok(()),
+        }
+    }
+
     /// Results the target refused after taking them (Kafka, record by record): key,
     /// value and reason, for the dead-letter output.
     pub fn take_refused(&mut self) -> Vec<(String, String, String)> {

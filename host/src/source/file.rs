@@ -268,6 +268,7 @@ impl LineReader {
             offset: self.offset,
             lines: self.lines,
             records: self.records,
+            stop: None,
         }
     }
 }

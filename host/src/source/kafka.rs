@@ -181,12 +181,14 @@ impl KafkaSource {
             assignment
                 .add_partition_offset(topic, *id, Offset::Offset(start.max(low)))
                 .map_err(|e| kafka_error(&brokers, format!("position {name}"), e))?;
-            starts.push((name, start.max(low), high, saved.map_or(0, |p| p.records)));
+            // A bounded run stops where it would have stopped without the restart.
+            let stop = saved.and_then(|p| p.stop).map_or(high, |s| i64::try_from(s).unwrap_or(high));
+            starts.push((name, start.max(low), stop, saved.map_or(0, |p| p.records)));
         }
         consumer.assign(&assignment).map_err(|e| kafka_error(&brokers, "assign the partitions", e))?;
 
         let mut parts = Vec::with_capacity(found.len());
-        for ((topic, id), (name, start, high, records)) in found.into_iter().zip(starts) {
+        for ((topic, id), (name, start, end, records)) in found.into_iter().zip(starts) {
             let queue = consumer.split_partition_queue(&topic, id).ok_or_else(|| Error::Kafka {
                 brokers: brokers.clone(),
                 message: format!("no queue for {name}"),
@@ -198,7 +200,7 @@ impl KafkaSource {
                 queue,
                 next_offset: start,
                 records,
-                stop: spec.bounded.then_some(high),
+                stop: spec.bounded.then_some(end),
                 at_end: false,
                 done: false,
             });
@@ -344,6 +346,7 @@ impl KafkaSource {
                     offset: p.next_offset.max(0) as u64,
                     lines: 0,
                     records: p.records,
+                    stop: p.stop.map(|s| s.max(0) as u64),
                 })
                 .collect(),
             next: self.next as u32,

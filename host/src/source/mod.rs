@@ -150,6 +150,10 @@ pub struct PartitionPosition {
     pub lines: u64,
     /// Records (non-blank lines) consumed.
     pub records: u64,
+    /// A bounded run's end (Kafka: the log end when the job first started), kept so that
+    /// a restarted run stops where the uninterrupted one would have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<u64>,
 }
 
 /// A source's resumable position: one entry per partition.

@@ -529,6 +529,24 @@ impl WindowOperator {
         Ok(())
     }
 
+    /// Remove a slot and what refers to it (its session entry; its key, when it was the
+    /// key's last slot and nothing is staged for the key). A timer still pending for it
+    /// finds nothing, or (a key interned again under the same id) a slot that would have
+    /// set the same timer.
+    fn drop_slot(&mut self, key: u32, id: i64) {
+        if let Some(last) = self.remove_slot(key, id) {
+            if let Some(list) = self.sessions.get_mut(&key) {
+                list.retain(|r| r.id != id);
+                if list.is_empty() {
+                    self.sessions.remove(&key);
+                }
+            }
+            if last && !self.batch.stages_key(key) {
+                self.keys.remove(key);
+            }
+        }
+    }
+
     /// Remove a slot, noting it for the incremental backend; returns whether it was the
     /// key's last.
     fn remove_slot(&mut self, key: u32, id: i64) -> Option<bool> {
@@ -684,13 +702,17 @@ impl WindowOperator {
                     self.plugin.reset()?;
                     self.counters.accepted -= ev.event_time.len() as u64;
                     let window = Window { start: g.window_start[0], end: g.window_end[0] };
-                    let key = self.key_text(key);
+                    let key_text = self.key_text(key);
                     self.rejected.push(Rejected {
-                        key,
+                        key: key_text,
                         window,
                         event_times: ev.event_time,
                         reason: e.to_string(),
                     });
+                    if self.state.acc(key, id).is_empty() {
+                        // Every event the slot had is rejected: it has nothing to fire.
+                        self.drop_slot(key, id);
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -748,17 +770,7 @@ impl WindowOperator {
             cleanups.extend_from_slice(&fires);
         }
         for (key, id) in cleanups {
-            if let Some(last) = self.remove_slot(key, id) {
-                if let Some(list) = self.sessions.get_mut(&key) {
-                    list.retain(|r| r.id != id);
-                    if list.is_empty() {
-                        self.sessions.remove(&key);
-                    }
-                }
-                if last && !self.batch.stages_key(key) {
-                    self.keys.remove(key);
-                }
-            }
+            self.drop_slot(key, id);
         }
         self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
         Ok(())

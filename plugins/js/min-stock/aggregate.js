@@ -9,7 +9,9 @@ let threshold = 10n;
 function decode(acc) {
   if (acc.length === 0) return [null, 0n];
   const r = new Reader(acc);
-  return [r.optionI64(), r.u64()];
+  const decoded = [r.optionI64(), r.u64()];
+  r.end();
+  return decoded;
 }
 
 function encode(min, count) {

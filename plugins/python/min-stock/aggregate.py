@@ -16,7 +16,9 @@ def decode(acc: bytes):
     if not acc:
         return None, 0
     r = sdk.Reader(acc)
-    return r.option_i64(), r.u64()
+    decoded = r.option_i64(), r.u64()
+    r.end()
+    return decoded
 
 
 def encode(minimum, count) -> bytes:

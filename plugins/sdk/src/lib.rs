@@ -121,7 +121,12 @@ pub fn decode<T: Default + DeserializeOwned>(bytes: &[u8]) -> Result<T, String> 
     if bytes.is_empty() {
         return Ok(T::default());
     }
-    postcard::from_bytes(bytes).map_err(|e| format!("undecodable accumulator: {e}"))
+    let (acc, rest) =
+        postcard::take_from_bytes(bytes).map_err(|e| format!("undecodable accumulator: {e}"))?;
+    if !rest.is_empty() {
+        return Err(format!("undecodable accumulator: {} bytes left over", rest.len()));
+    }
+    Ok(acc)
 }
 
 /// The pipeline's `[plugin.config]`, values as JSON.

@@ -12,7 +12,9 @@ let minCount = 1n;
 function decode(acc) {
   if (acc.length === 0) return [0n, null];
   const r = new Reader(acc);
-  return [r.u64(), r.optionI64()];
+  const decoded = [r.u64(), r.optionI64()];
+  r.end();
+  return decoded;
 }
 
 function encode(count, max) {

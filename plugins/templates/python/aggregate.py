@@ -19,7 +19,9 @@ def decode(acc: bytes):
     if not acc:
         return 0, None
     r = sdk.Reader(acc)
-    return r.u64(), r.option_i64()
+    decoded = r.u64(), r.option_i64()
+    r.end()
+    return decoded
 
 
 def encode(count, maximum) -> bytes:

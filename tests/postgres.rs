@@ -142,3 +142,24 @@ fn a_nul_character_is_dead_lettered_and_the_other_results_are_committed() {
     assert!(dead[0]["reason"].as_str().unwrap().contains("NUL"), "{dead:?}");
     assert!(dead[0]["key"].as_str().unwrap().contains('\0'));
 }
+
+#[test]
+fn running_a_finished_job_again_is_refused_not_replayed_into_the_table() {
+    // A job with checkpoints that went to the end of its input; its input then changes and
+    // it is run again: it would recover from its last checkpoint and replay, but the run
+    // from there already ended. Refused: nothing is skipped or rewritten silently.
+    let pg = Postgres::start();
+    let runtime = PluginRuntime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    stock_input(dir.path(), 4);
+    let mut job = StockJob::new("2m", 10);
+    job.sink = format!("kind = \"postgres\"\nurl = \"{}\"\ntable = \"alertas\"", pg.url());
+    job.extra = "[checkpoints]\ndir = \"chk\"\ninterval = \"1h\"\nevery_records = 10000".into();
+    let p = Pipeline::load(&job.write(dir.path())).unwrap();
+    job::run(&p, &RunOptions::default(), &runtime).unwrap();
+    let before = table(&pg);
+    stock_input(dir.path(), 5);
+    let err = job::run(&p, &RunOptions::default(), &runtime).unwrap_err().to_string();
+    assert!(err.contains("already went to the end") && err.contains("TRUNCATE alertas"), "{err}");
+    assert!(table(&pg) == before);
+}

@@ -236,6 +236,11 @@ fn start(
     restore_started: Instant,
 ) -> Result<Summary> {
     let mut job = Job::new(pipeline, plugins)?;
+    if let Some(input) = &opts.input {
+        // Another input is another run: it never replays an epoch of the pipeline's own.
+        let text = format!("{}|input={}", job.fingerprint, input.display());
+        job.fingerprint = crate::pipeline::hex(&Sha256::digest(text.as_bytes()));
+    }
     let partitioning = pipeline.source.partitioning().clone();
     let follow = Source::unbounded(&pipeline.source, opts.follow);
     let recovered_from = restore.as_ref().and_then(|r| r.checkpoint).map(|n| format!("chk-{n:06}"));
@@ -307,10 +312,15 @@ fn start(
             ResultSink::Kafka(sink)
         }
         (None, SinkSpec::Postgres { url, table }) => {
+            let replayable = match &pipeline.source {
+                crate::pipeline::SourceSpec::Kafka(k) => k.start == crate::pipeline::StartAt::Earliest,
+                _ => true,
+            };
             let start = StartPoint {
                 snapshot: restore.as_ref().map(|sp| sp.meta.snapshot_id.clone()),
                 ordinal: job.results_out,
                 fingerprint: job.fingerprint.clone(),
+                replayable,
             };
             ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.name, &start)?)
         }
@@ -955,8 +965,9 @@ impl Job {
                 return self.dead_letter(&refused[0].1, record, pos);
             }
             for (i, reason) in &refused {
-                let reason = format!("aggregation {:?}: {reason}", self.ops[*i].name());
-                self.dead_letter(&reason, record, pos)?;
+                let name = self.ops[*i].name().to_string();
+                let reason = format!("aggregation {name:?}: {reason}");
+                self.dead_letter_for(Some(name), &reason, record, pos)?;
             }
             if refused.len() == self.ops.len() {
                 return Ok(());
@@ -1116,6 +1127,18 @@ impl Job {
     }
 
     fn dead_letter(&mut self, reason: &str, record: &[u8], pos: Position) -> Result<()> {
+        self.dead_letter_for(None, reason, record, pos)
+    }
+
+    /// A dead letter for one aggregation (keyed with its name in Kafka, so the dead letters
+    /// of one record for several aggregations do not compact onto each other).
+    fn dead_letter_for(
+        &mut self,
+        aggregation: Option<String>,
+        reason: &str,
+        record: &[u8],
+        pos: Position,
+    ) -> Result<()> {
         self.dead_lettered += 1;
         let source = self.sources.get(pos.partition as usize).map_or("", String::as_str);
         let Some(dead) = self.dead.as_mut() else { return Ok(()) };
@@ -1129,7 +1152,10 @@ impl Job {
             };
             encode_side(&mut self.line_buf, &d)?;
         }
-        let origin = [("km0.source", source.to_string()), ("km0.offset", pos.offset.to_string())];
+        let mut origin = vec![("km0.source", source.to_string()), ("km0.offset", pos.offset.to_string())];
+        if let Some(a) = aggregation {
+            origin.push(("km0.aggregation", a));
+        }
         dead.write(&self.line_buf, record, &origin, reason)
     }
 
@@ -1253,7 +1279,7 @@ impl Job {
             Watermarks::restore(pipeline.event_time.watermark_delay_ms, idleness(pipeline), &meta.watermark);
         let wm = self.watermarks.current();
         for (op, snap) in self.ops.iter_mut().zip(&snapshots) {
-            op.restore(snap, wm)?;
+            op.restore(snap, wm, meta.rows_cover_slots)?;
         }
         self.snapshot_id = meta.snapshot_id.clone();
         self.read = meta.counters.read;
@@ -1348,6 +1374,7 @@ impl Job {
             sinks,
             state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
             snapshot_id: barrier.id,
+            rows_cover_slots: true,
         })
     }
 }
@@ -1377,16 +1404,31 @@ fn new_snapshot_id() -> String {
     crate::pipeline::hex(&Sha256::digest(seed.as_bytes())[..8])
 }
 
-/// What determines a job's results beyond its input: the state's shape, each plugin's
-/// code and configuration. A replay with the same fingerprint gives the same results.
+/// What determines a job's results: its source and filter, event time (delay, accepted
+/// range), idleness, every aggregation's window (with its lateness), plugin code,
+/// configuration, limits and fault policy. A replay with the same fingerprint over the same
+/// records gives the same results. (Written with `Debug`: a km0 of another version may
+/// compute another one, which only makes it refuse a replay it could have skipped.)
 fn results_fingerprint(pipeline: &Pipeline, plugins: &[Plugin]) -> String {
-    let parts: Vec<_> = pipeline
-        .aggregations
-        .iter()
-        .zip(plugins)
-        .map(|(a, p)| (&a.name, &p.identity().sha256, &a.plugin.config))
-        .collect();
-    let text = serde_json::json!({"state": pipeline.state_fingerprint(), "plugins": parts}).to_string();
+    let mut text = format!(
+        "{}|{:?}|{:?}|{:?}|{:?}",
+        pipeline.state_fingerprint(),
+        pipeline.source,
+        pipeline.filter,
+        pipeline.event_time,
+        pipeline.key
+    );
+    for (a, p) in pipeline.aggregations.iter().zip(plugins) {
+        text.push_str(&format!(
+            "|{}:{:?}:{}:{:?}:{:?}:{:?}",
+            a.name,
+            a.window,
+            p.identity().sha256,
+            a.plugin.config,
+            a.plugin.limits,
+            a.plugin.on_error
+        ));
+    }
     crate::pipeline::hex(&Sha256::digest(text.as_bytes()))
 }
 

@@ -263,12 +263,13 @@ fn an_artifact_copied_under_another_components_key_is_not_run() {
     let (identity, _) = runtime.inspect(&plugin("min-stock")).unwrap();
     assert_eq!(identity.name, "min-stock", "the copied artifact was refused and min-stock compiled again");
     assert_ne!(std::fs::read(&min_cwasm).unwrap(), std::fs::read(&hostile_cwasm).unwrap());
-    // A folder that others can write is not used.
+    // A folder of ours that others can write is made private again before it is used.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::copy(&hostile_cwasm, &min_cwasm).unwrap();
     std::fs::copy(&hostile_seal, &min_seal).unwrap();
     let (identity, _) = runtime.inspect(&plugin("min-stock")).unwrap();
     assert_eq!(identity.name, "min-stock");
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
 }
 
 #[test]
@@ -343,4 +344,105 @@ fn a_plugin_built_against_contract_0_1_0_still_runs() {
         .collect();
     assert!(outputs[0].lines().count() > 100);
     assert_eq!(outputs[0], outputs[1]);
+}
+
+/// Run `plugin_name` (a hostile plugin) over `times` of keys (`producto`, `fecha_ms`).
+fn run_events(
+    plugin_name: &str,
+    events: &[(&str, i64)],
+    delay: &str,
+    window: &str,
+    extra: &str,
+) -> (tempfile::TempDir, job::Summary) {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: String =
+        events.iter().map(|(k, t)| format!("{{\"producto\":\"{k}\",\"fecha_ms\":{t}}}\n")).collect();
+    std::fs::write(dir.path().join("in.jsonl"), lines).unwrap();
+    let text = format!(
+        r#"
+name = "hostile-events"
+key = ["producto"]
+[source]
+kind = "file"
+path = "in.jsonl"
+[event_time]
+field = "fecha_ms"
+watermark_delay = {delay:?}
+min = 0
+[window]
+{window}
+[plugin]
+path = {plugin:?}
+{extra}
+[sink]
+kind = "file"
+path = "out.jsonl"
+[late]
+path = "late.jsonl"
+[dead_letter]
+path = "dead.jsonl"
+"#,
+        plugin = plugin(plugin_name).display().to_string(),
+    );
+    std::fs::write(dir.path().join("p.toml"), text).unwrap();
+    let p = Pipeline::load(&dir.path().join("p.toml")).unwrap();
+    let s = job::run(&p, &RunOptions::default(), &PluginRuntime::new().unwrap()).unwrap();
+    (dir, s)
+}
+
+/// Last value per key of a result file.
+fn keyed(dir: &Path) -> std::collections::BTreeMap<String, serde_json::Value> {
+    std::fs::read_to_string(dir.join("out.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| (v["key"].as_str().unwrap().to_string(), v["value"].clone()))
+        .collect()
+}
+
+#[test]
+fn a_session_whose_own_events_were_rejected_still_takes_the_session_it_merges_with() {
+    // Gap 40 s. r1's session B [200 s, 240 s) is in the plugin's accumulators (x fills the
+    // batch of 2); the event at 150 s opens session A, staged, and the plugin fails on it;
+    // the event at 180 s bridges A and B. B's event and the bridge must survive the merge
+    // into A: one session [150 s, 240 s) with 2 events, and one dead letter.
+    let events = [("r1", 200_000), ("x", 1_000), ("r1", 150_000), ("r1", 180_000)];
+    let (dir, s) = run_events(
+        "hostile",
+        &events,
+        "10m",
+        "kind = \"session\"\ngap = \"40s\"",
+        "batch_size = 2\n[plugin.config]\nbehaviour = \"panic_at\"\ntime = 150000",
+    );
+    let out = keyed(dir.path());
+    assert_eq!(out["150000|r1"]["events"], 2, "{out:?}");
+    assert_eq!(out["1000|x"]["events"], 1);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(s.counters.dead_lettered, 1);
+    assert!(dead_reasons(dir.path())[0].contains("add: trapped"));
+}
+
+#[test]
+fn a_rebuild_the_plugin_fails_on_leaves_an_ordered_window_as_it_was() {
+    // Ordered input, tumbling 5 min, lateness 10 min. k's window [0, 5 min) fires with 2
+    // events; a late event the plugin fails on is dead-lettered alone (the window keeps its
+    // 2 events), and the next late event makes 3.
+    let events = [("k", 1_000), ("k", 2_000), ("y", 400_000), ("k", 3_000), ("k", 4_000)];
+    let (dir, s) = run_events(
+        "hostile-ordered",
+        &events,
+        "0ms",
+        "kind = \"tumbling\"\nsize = \"5m\"\nallowed_lateness = \"10m\"",
+        "[plugin.config]\nbehaviour = \"panic_at\"\ntime = 3000",
+    );
+    let out = keyed(dir.path());
+    assert_eq!(out["0|k"]["events"], 3, "{out:?}");
+    let dead: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("dead.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["event_times"], serde_json::json!([3000]));
+    assert_eq!(s.counters.accepted, 4, "the 3 events of k that count, and y's");
 }

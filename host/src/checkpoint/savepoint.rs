@@ -87,6 +87,10 @@ pub struct SavepointMeta {
     /// at its barrier, which ties their progress to the job's lineage.
     #[serde(default)]
     pub snapshot_id: String,
+    /// Every operator's rows for a slot are all of that slot's rows (its accumulator is
+    /// rebuilt from them on restore); false in savepoints of km0 before contract 0.2.
+    #[serde(default)]
+    pub rows_cover_slots: bool,
 }
 
 /// A savepoint read from disk and verified.

@@ -131,6 +131,11 @@ impl Batch {
         self.ordered
     }
 
+    /// Whether any row is staged for this slot.
+    pub fn stages_group(&self, key: u32, id: i64) -> bool {
+        self.index.contains_key(&(key, id))
+    }
+
     /// Whether any row is staged for this key.
     pub fn stages_key(&self, key: u32) -> bool {
         self.key_groups.contains_key(&key)

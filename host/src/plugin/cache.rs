@@ -102,6 +102,12 @@ fn private_dir(dir: &Path) -> bool {
     let Ok(meta) = std::fs::metadata(dir) else { return false };
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
+    if meta.is_dir() && meta.uid() == me && meta.permissions().mode() & 0o077 != 0 {
+        // Ours, but open to others (an older km0, a umask): make it private again. Its
+        // artifacts are checked against their seals all the same.
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    }
+    let Ok(meta) = std::fs::metadata(dir) else { return false };
     let private = meta.is_dir() && meta.uid() == me && meta.permissions().mode() & 0o022 == 0;
     if !private {
         tracing::warn!(

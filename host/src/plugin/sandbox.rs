@@ -145,8 +145,12 @@ impl ResourceLimiter for GuestLimiter {
         &mut self,
         current: usize,
         desired: usize,
-        _max: Option<usize>,
+        max: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        // A growth beyond the memory's own maximum fails anyway: it is not counted.
+        if max.is_some_and(|m| desired > m) {
+            return Ok(false);
+        }
         Ok(self.grow(desired.saturating_sub(current)))
     }
 
@@ -154,8 +158,11 @@ impl ResourceLimiter for GuestLimiter {
         &mut self,
         current: usize,
         desired: usize,
-        _max: Option<usize>,
+        max: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        if max.is_some_and(|m| desired > m) {
+            return Ok(false);
+        }
         Ok(self.grow(desired.saturating_sub(current).saturating_mul(TABLE_ELEMENT_BYTES)))
     }
 

@@ -45,6 +45,8 @@ pub type Refused = (Vec<u8>, Vec<u8>, String);
 /// count of the others with the first failure (reported at the next barrier).
 #[derive(Default)]
 pub struct Deliveries {
+    /// In a transaction every failed record aborts it: nothing is refused alone.
+    transactional: bool,
     failed: AtomicU64,
     first_error: Mutex<Option<String>>,
     refused: Mutex<Vec<Refused>>,
@@ -57,7 +59,7 @@ impl ProducerContext for Deliveries {
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         use rdkafka::Message;
         let Err((e, msg)) = result else { return };
-        if refuses_the_record(e) {
+        if !self.transactional && refuses_the_record(e) {
             let r = (
                 msg.key().unwrap_or_default().to_vec(),
                 msg.payload().unwrap_or_default().to_vec(),
@@ -145,7 +147,7 @@ impl KafkaSink {
             config.set(k, v);
         }
         let producer: ThreadedProducer<Deliveries> = config
-            .create_with_context(Deliveries::default())
+            .create_with_context(Deliveries { transactional, ..Deliveries::default() })
             .map_err(|e| err(format!("create the producer for topic {:?}: {e}", target.topic)))?;
         // The topic must exist: a typo should fail now, not at the first result.
         let md = producer
@@ -198,6 +200,11 @@ impl KafkaSink {
         })
     }
 
+    /// The producer's `message.max.bytes`.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
     /// Records the broker or the producer refused for themselves since the last call.
     pub fn take_refused(&mut self) -> Vec<Refused> {
         self.producer.context().refused.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default()
@@ -228,7 +235,7 @@ impl KafkaSink {
                     record = r;
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err((e, r)) if refuses_the_record(&e) => {
+                Err((e, r)) if !self.transactional && refuses_the_record(&e) => {
                     if let Ok(mut refused) = self.producer.context().refused.lock() {
                         let (k, v) =
                             (r.key.unwrap_or_default().to_vec(), r.payload.unwrap_or_default().to_vec());

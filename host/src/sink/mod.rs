@@ -162,6 +162,17 @@ impl JsonlSink {
     }
 }
 
+/// Dead letters have nowhere else to go: one the broker refused fails the job (it is
+/// retried from the last checkpoint) rather than being lost.
+fn dead_letters_delivered(s: &mut kafka::KafkaSink) -> Result<()> {
+    match s.take_refused().into_iter().next() {
+        None => Ok(()),
+        Some((_, _, reason)) => {
+            Err(Error::Usage(format!("the dead-letter topic refused a dead letter: {reason}")))
+        }
+    }
+}
+
 /// Whether two paths name the same file: the same canonical path (links, `.` and `..`
 /// resolved), or for a file that does not exist yet, the same canonical folder and name.
 pub fn same_file(a: &Path, b: &Path) -> bool {
@@ -311,11 +322,15 @@ impl DeadLetterSink {
                 // Keyed by origin, so a replay's copy of a dead letter compacts onto the first.
                 let key: Vec<String> = headers.iter().map(|(_, v)| v.clone()).collect();
                 let key = key.join("|");
-                s.send(
-                    Some(key.as_bytes()),
-                    Some(original),
-                    Some(kafka::dead_letter_headers(reason, headers)),
-                )
+                // A dead letter too large for the topic keeps its head, and says so.
+                let mut headers = headers.to_vec();
+                let mut value = original;
+                if s.refuses(key.as_bytes(), original).is_some() {
+                    let keep = s.max_message_bytes() / 2;
+                    headers.push(("km0.truncated_from", original.len().to_string()));
+                    value = &original[..keep.min(original.len())];
+                }
+                s.send(Some(key.as_bytes()), Some(value), Some(kafka::dead_letter_headers(reason, &headers)))
             }
         }
     }
@@ -323,14 +338,14 @@ impl DeadLetterSink {
     pub fn position(&mut self) -> Result<Option<SinkPosition>> {
         match self {
             DeadLetterSink::Jsonl(s) => s.position(),
-            DeadLetterSink::Kafka(s) => s.barrier().map(|_| None),
+            DeadLetterSink::Kafka(s) => s.barrier().and_then(|_| dead_letters_delivered(s)).map(|_| None),
         }
     }
 
     pub fn commit(&mut self) -> Result<Option<SinkPosition>> {
         match self {
             DeadLetterSink::Jsonl(s) => s.commit(),
-            DeadLetterSink::Kafka(s) => s.barrier().map(|_| None),
+            DeadLetterSink::Kafka(s) => s.barrier().and_then(|_| dead_letters_delivered(s)).map(|_| None),
         }
     }
 

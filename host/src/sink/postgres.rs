@@ -50,6 +50,9 @@ pub struct StartPoint {
     /// Results the job had emitted at that snapshot.
     pub ordinal: u64,
     pub fingerprint: String,
+    /// A fresh start reads the same records as the fresh start before it (a file, a Kafka
+    /// topic from its earliest offsets), so its first epoch can be replayed.
+    pub replayable: bool,
 }
 
 /// The table's last committed epoch of a job.
@@ -136,16 +139,28 @@ impl PostgresSink {
         );
         // A fresh start is the empty snapshot: its first barrier's parent is "".
         let snapshot = start.snapshot.as_deref().unwrap_or("");
+        if last.checkpoint.is_none() && start.snapshot.is_some() {
+            // Progress written by km0 before lineages: the rule of then (results up to the
+            // committed ordinal are in the table).
+            tracing::warn!(
+                epoch = last.epoch,
+                table = %table,
+                "postgres: the table's progress predates checkpoint lineages; resuming after result {}",
+                last.upto
+            );
+            return Ok(start.ordinal.max(last.upto.max(0) as u64));
+        }
         if start.snapshot.is_some() && last.checkpoint.as_deref() == Some(snapshot) {
             return Ok(start.ordinal);
         }
         // The epoch right after the starting point, committed before a failure, with the
-        // same configuration: the replay gives the same results. (Not after a fresh start
-        // when that epoch ended a bounded run: that run was complete, this is a new one.)
+        // same configuration and (for a fresh start) the same input: the replay gives the
+        // same results. Not the epoch that ended a bounded run: that run went to its end.
         let ended = last.checkpoint.as_deref().is_some_and(|c| c.starts_with(END_PREFIX));
         if last.parent.as_deref() == Some(snapshot)
             && last.fingerprint.as_deref() == Some(start.fingerprint.as_str())
-            && !(start.snapshot.is_none() && ended)
+            && !ended
+            && (start.snapshot.is_some() || start.replayable)
         {
             let skipped = (last.upto.max(0) as u64).saturating_sub(start.ordinal);
             tracing::info!(
@@ -162,6 +177,16 @@ impl PostgresSink {
                 "already holds results of job {job:?} (up to epoch {}, result {}), and this run starts \
                  afresh: it would skip or rewrite them. Resume from the job's checkpoints or a savepoint, \
                  or {start_over}",
+                last.epoch, last.upto
+            )));
+        }
+        if ended
+            && last.parent.as_deref() == Some(snapshot)
+            && last.fingerprint.as_deref() == Some(start.fingerprint.as_str())
+        {
+            return Err(self.err(format!(
+                "holds the last results of job {job:?}: the run from this state already went to the end of \
+                 its input (epoch {}, result {}). Nothing is left to do; to run it again, {start_over}",
                 last.epoch, last.upto
             )));
         }
@@ -304,8 +329,26 @@ impl PostgresSink {
 /// Why PostgreSQL cannot store a result, if it cannot: `text` and `jsonb` hold no NUL
 /// character (a JSON value can only carry one as the escape `\u0000`, in a string).
 pub fn refuses(key: &str, value: Option<&str>) -> Option<String> {
-    let nul = key.contains('\0') || value.is_some_and(|v| v.contains("\\u0000"));
+    let nul = key.contains('\0') || value.is_some_and(escapes_nul);
     nul.then(|| "PostgreSQL cannot store the NUL character (\\u0000) in a key or a JSON value".to_string())
+}
+
+/// Whether JSON text holds the escape `\u0000` (and not an escaped backslash followed by
+/// `u0000`).
+fn escapes_nul(json: &str) -> bool {
+    let b = json.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' {
+            if b[i + 1..].starts_with(b"u0000") {
+                return true;
+            }
+            i += 2; // the escaped character, whatever it is
+        } else {
+            i += 1;
+        }
+    }
+    false
 }
 
 /// The database's own message (with its detail) when there is one: tokio-postgres'
@@ -317,5 +360,20 @@ pub fn db_message(e: &tokio_postgres::Error) -> String {
             None => format!("{}: {}", db.severity(), db.message()),
         },
         None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuses;
+
+    #[test]
+    fn only_a_real_nul_is_refused() {
+        assert!(refuses("a\0b", None).is_some());
+        assert!(refuses("k", Some(r#"{"s":"x\u0000y"}"#)).is_some());
+        assert!(refuses("k", Some(r#"{"s":"\\\u0000"}"#)).is_some(), "an escaped backslash, then a NUL");
+        assert!(refuses("k", Some(r#"{"s":"\\u0000"}"#)).is_none(), "a backslash and the text u0000");
+        assert!(refuses("k", Some(r#"{"s":"\u00e9"}"#)).is_none());
+        assert!(refuses("k", None).is_none());
     }
 }

@@ -146,6 +146,12 @@ pub struct WindowOperator {
     /// into the batch and the slot is rebuilt from an empty accumulator, so every
     /// accumulator reflects all of its slot's rows in order.
     held: FastMap<(u32, i64), Vec<Row>>,
+    /// Ordered plugins: slots handed back for a rebuild, with the accumulator and rows they
+    /// had, so that a rebuild the plugin fails on leaves the slot as it was.
+    reopened: FastMap<(u32, i64), (Vec<u8>, Vec<Row>)>,
+    /// Slots whose every event the plugin rejected: removed at the next safe point (not
+    /// in the middle of a merge that holds on to them), unless an event reached them since.
+    doomed: Vec<(u32, i64)>,
 }
 
 impl WindowOperator {
@@ -181,6 +187,8 @@ impl WindowOperator {
             on_error: OnError::default(),
             rejected: Vec::new(),
             held: FastMap::default(),
+            reopened: FastMap::default(),
+            doomed: Vec::new(),
         }
     }
 
@@ -321,10 +329,14 @@ impl WindowOperator {
         slots: &[Option<Scalar>],
         out: &mut Vec<Emitted>,
     ) -> Result<Verdict> {
-        match self.assigner {
+        let verdict = match self.assigner {
             Assigner::Session { .. } => self.on_session_event(key, t, wm, slots, out),
             _ => self.on_slot_event(key, t, wm, slots, out),
+        };
+        if !self.doomed.is_empty() {
+            self.drop_doomed();
         }
+        verdict
     }
 
     /// Tumbling windows and sliding panes: the slot is fixed by the event time.
@@ -529,6 +541,16 @@ impl WindowOperator {
         Ok(())
     }
 
+    /// Remove the slots whose every event was rejected, unless an event (or a merge)
+    /// reached them since.
+    fn drop_doomed(&mut self) {
+        for (key, id) in std::mem::take(&mut self.doomed) {
+            if self.state.acc(key, id).is_empty() && !self.batch.stages_group(key, id) {
+                self.drop_slot(key, id);
+            }
+        }
+    }
+
     /// Remove a slot and what refers to it (its session entry; its key, when it was the
     /// key's last slot and nothing is staged for the key). A timer still pending for it
     /// finds nothing, or (a key interned again under the same id) a slot that would have
@@ -642,14 +664,26 @@ impl WindowOperator {
             Err(e) => return Err(e),
         };
         for (i, &(key, id)) in groups.iter().enumerate() {
+            self.hold(i, key, id);
             self.state.set_acc(key, id, packed_item(&accs, i));
         }
-        if self.batch.ordered() {
-            for (i, &(key, id)) in groups.iter().enumerate() {
-                self.held.insert((key, id), self.batch.call_rows(i, key, id));
-            }
-        }
         Ok(())
+    }
+
+    /// Ordered plugins: group `i` of the last call succeeded; keep its rows for a later
+    /// rebuild when the call started from the fresh accumulator (then they are all of the
+    /// slot's rows; a slot restored from an older savepoint with an accumulator and no rows
+    /// just takes later rows in arrival order). Call before its accumulator is replaced.
+    fn hold(&mut self, i: usize, key: u32, id: i64) {
+        if !self.batch.ordered() {
+            return;
+        }
+        if !self.reopened.is_empty() {
+            self.reopened.remove(&(key, id));
+        }
+        if self.state.acc(key, id).is_empty() {
+            self.held.insert((key, id), self.batch.call_rows(i, key, id));
+        }
     }
 
     /// Ordered plugins: a row is about to reach slot `(key, id)`; if the slot was handed
@@ -663,7 +697,9 @@ impl WindowOperator {
             for r in &rows {
                 self.batch.push(r);
             }
+            let acc = self.state.acc(key, id).to_vec();
             self.state.set_acc(key, id, &[]);
+            self.reopened.insert((key, id), (acc, rows));
         }
     }
 
@@ -693,26 +729,35 @@ impl WindowOperator {
             let (g, ev) = self.batch.single(i);
             match self.plugin.add(&g, &ev) {
                 Ok(acc) => {
+                    self.hold(i, key, id);
                     self.state.set_acc(key, id, packed_item(&acc, 0));
-                    if self.batch.ordered() {
-                        self.held.insert((key, id), self.batch.call_rows(i, key, id));
-                    }
                 }
                 Err(e @ Error::PluginCall { .. }) => {
                     self.plugin.reset()?;
-                    self.counters.accepted -= ev.event_time.len() as u64;
+                    let mut rejected_times = ev.event_time;
+                    if let Some((acc, rows)) = self.reopened.remove(&(key, id)) {
+                        // A rebuild failed: the slot keeps what it had; only the rows that
+                        // reached it since are rejected.
+                        for r in &rows {
+                            if let Some(at) = rejected_times.iter().position(|&t| t == r.time) {
+                                rejected_times.remove(at);
+                            }
+                        }
+                        self.state.set_acc(key, id, &acc);
+                        self.held.insert((key, id), rows);
+                    } else if self.state.acc(key, id).is_empty() {
+                        // Every event the slot had is rejected: it has nothing to fire.
+                        self.doomed.push((key, id));
+                    }
+                    self.counters.accepted -= rejected_times.len() as u64;
                     let window = Window { start: g.window_start[0], end: g.window_end[0] };
                     let key_text = self.key_text(key);
                     self.rejected.push(Rejected {
                         key: key_text,
                         window,
-                        event_times: ev.event_time,
+                        event_times: rejected_times,
                         reason: e.to_string(),
                     });
-                    if self.state.acc(key, id).is_empty() {
-                        // Every event the slot had is rejected: it has nothing to fire.
-                        self.drop_slot(key, id);
-                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -779,6 +824,9 @@ impl WindowOperator {
     /// Compute and write the results of windows: `(key, id)` is a slot for tumbling and
     /// session windows, `(key, end)` for sliding windows (merged from their panes).
     fn emit(&mut self, fires: &[(u32, i64)], out: &mut Vec<Emitted>) -> Result<()> {
+        if !self.doomed.is_empty() {
+            self.drop_doomed();
+        }
         if fires.is_empty() {
             return Ok(());
         }
@@ -991,6 +1039,7 @@ impl WindowOperator {
         if !self.batch.ordered() {
             self.flush(None)?;
         }
+        self.drop_doomed();
         Ok(())
     }
 
@@ -1000,6 +1049,7 @@ impl WindowOperator {
         if !self.batch.ordered() {
             self.flush(None)?;
         }
+        self.drop_doomed();
         let keys = &self.keys;
         let slots = self
             .state
@@ -1033,7 +1083,10 @@ impl WindowOperator {
     /// Saved rows go back into the batch; a slot with saved rows starts from an empty
     /// accumulator and is rebuilt from all of them (its rows were either all handed over
     /// or none were), which gives the accumulator an uninterrupted run holds.
-    pub fn restore(&mut self, snap: &Snapshot, wm: i64) -> Result<()> {
+    /// `rows_cover_slots`: the savepoint holds every row of a slot that has rows (km0
+    /// since contract 0.2); an older one may hold an accumulator and later rows of the
+    /// same slot, and both are kept.
+    pub fn restore(&mut self, snap: &Snapshot, wm: i64, rows_cover_slots: bool) -> Result<()> {
         for s in &snap.slots {
             let k = self.keys.intern(&s.key);
             self.state.open(k, s.id, s.window);
@@ -1047,7 +1100,9 @@ impl WindowOperator {
         for r in &snap.rows {
             let k = self.keys.intern(&r.key);
             self.batch.push(&Row { key: k, id: r.id, time: r.time, values: r.values.clone() });
-            self.state.set_acc(k, r.id, &[]);
+            if rows_cover_slots {
+                self.state.set_acc(k, r.id, &[]);
+            }
         }
         self.counters = snap.counters.clone();
         Ok(())

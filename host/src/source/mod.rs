@@ -5,6 +5,7 @@
 //! record into event fields is [`json`]'s job, shared by every source. Both sources read
 //! their partitions round-robin, so a replay meets the records in the same order.
 
+pub mod decode;
 pub mod file;
 pub mod json;
 pub mod kafka;

@@ -1,0 +1,127 @@
+//! Periodic checkpoints of a running job: captured between two records on the job's
+//! thread, written by a background thread, one at a time.
+
+use super::route::Job;
+use super::*;
+
+/// Pauses of the checkpoints of a run.
+#[derive(Default)]
+pub(super) struct CheckpointStats {
+    pub(super) count: u64,
+    pub(super) max: Duration,
+    pub(super) total: Duration,
+}
+
+impl CheckpointStats {
+    pub(super) fn add(&mut self, pause: Duration) {
+        self.count += 1;
+        self.max = self.max.max(pause);
+        self.total += pause;
+    }
+}
+
+/// Takes periodic checkpoints into a store. Processing stops only to capture the
+/// snapshot; encoding, hashing and writing it happen on a background thread, one
+/// checkpoint at a time.
+pub(super) struct Checkpointer {
+    pub(super) spec: CheckpointSpec,
+    pub(super) store: LocalStore,
+    /// The RocksDB copy of the state, with the RocksDB backend.
+    pub(super) rocks: Option<std::sync::Arc<RocksState>>,
+    pub(super) next: u64,
+    pub(super) last: Instant,
+    pub(super) records_at_last: u64,
+    /// The checkpoint being written: its number and the source position it holds.
+    pub(super) writing: Option<(std::thread::JoinHandle<Result<()>>, u64, SourcePosition)>,
+    /// Wait for every checkpoint before going on (the sink commits at completion).
+    pub(super) synchronous: bool,
+}
+
+impl Checkpointer {
+    /// Checked after every record: by record count exactly, by time every 1024 records.
+    #[inline]
+    pub(super) fn due(&self, records: u64) -> bool {
+        if self.spec.every_records.is_some_and(|n| records - self.records_at_last >= n) {
+            return true;
+        }
+        records % 1024 == 0 && self.due_by_time()
+    }
+
+    pub(super) fn due_by_time(&self) -> bool {
+        self.last.elapsed() >= Duration::from_millis(self.spec.interval_ms as u64)
+    }
+
+    /// Take a checkpoint; returns how long processing stopped for it.
+    pub(super) fn take(
+        &mut self,
+        job: &mut Job,
+        pipeline: &Pipeline,
+        source: &mut Source,
+    ) -> Result<Duration> {
+        self.completed(job, source, true)?;
+        let t = Instant::now();
+        let (store, n, retain) = (self.store.clone(), self.next, self.spec.retain);
+        let position = source.position();
+        let writer = match &self.rocks {
+            None => {
+                let (meta, snapshots) = job.snapshot(pipeline, source)?;
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    // The sinks' data must be durable before the checkpoint that commits it.
+                    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+                    let name = store.write(n, meta, &snapshots)?;
+                    store::prune(&store, retain)?;
+                    tracing::debug!(checkpoint = %name, write_ms = t.elapsed().as_millis() as u64, "checkpoint complete");
+                    Ok(())
+                })
+            }
+            Some(rocks) => {
+                let (meta, changes) = job.changes(pipeline, source)?;
+                let rocks = rocks.clone();
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+                    savepoint::write_external(&store.path(n), meta, "rocksdb", |dir| {
+                        rocks.apply_and_checkpoint(&changes, dir)
+                    })?;
+                    store::prune(&store, retain)?;
+                    tracing::debug!(
+                        checkpoint = n,
+                        write_ms = t.elapsed().as_millis() as u64,
+                        "checkpoint complete"
+                    );
+                    Ok(())
+                })
+            }
+        };
+        self.writing = Some((writer, n, position));
+        if self.synchronous {
+            self.completed(job, source, true)?;
+        }
+        let pause = t.elapsed();
+        self.next += 1;
+        self.last = Instant::now();
+        self.records_at_last = source.records();
+        Ok(pause)
+    }
+
+    /// If the checkpoint being written is complete (with `wait`, once it is), tell the
+    /// source (Kafka commits the offsets to its group) and the sink (a transactional sink
+    /// commits the epoch).
+    pub(super) fn completed(&mut self, job: &mut Job, source: &Source, wait: bool) -> Result<()> {
+        let done = self.writing.as_ref().is_some_and(|(h, _, _)| wait || h.is_finished());
+        if !done {
+            return Ok(());
+        }
+        let Some((h, n, position)) = self.writing.take() else { return Ok(()) };
+        h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into()))??;
+        source.checkpoint_complete(&position);
+        if let Some(out) = job.output.as_mut() {
+            out.checkpoint_complete()?;
+            if out.commits_on_completion() {
+                self.store.mark_committed(n)?;
+            }
+        }
+        Ok(())
+    }
+}

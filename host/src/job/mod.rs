@@ -1,0 +1,240 @@
+//! A running job: the single-threaded loop that takes records from the source, decodes
+//! and routes them (filtered, dead letter, late, accepted), feeds each aggregation's
+//! [`WindowOperator`], advances the watermarks, and writes results and side outputs;
+//! plus starting from and stopping with savepoints.
+//!
+//! Every aggregation of a pipeline reads the same decoded event: one parse serves all.
+//!
+//! - this module: the API (`run`, `deploy`, `validate`) and what a run reports;
+//! - [`runner`]: opening everything and the loop;
+//! - [`route`]: the job's state and what happens to one record (routing, side outputs,
+//!   snapshots and restores);
+//! - [`checkpoints`]: periodic checkpoints, taken between records.
+//!
+//! [`WindowOperator`]: crate::window::operator::WindowOperator
+
+mod checkpoints;
+mod route;
+mod runner;
+
+use route::Job;
+use runner::start;
+
+use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile};
+use crate::checkpoint::store::{self, LocalStore, SnapshotStore};
+use crate::checkpoint::{OperatorMeta, Savepoint, SavepointMeta};
+use crate::pipeline::{Backend, CheckpointSpec, DeadLetterSpec, Pipeline, SinkSpec};
+use crate::plugin::{Plugin, PluginIdentity, PluginRuntime};
+use crate::sink::kafka::KafkaSink;
+use crate::sink::postgres::{Barrier, PostgresSink, StartPoint};
+use crate::sink::{DeadLetterSink, JsonlSink, ResultSink};
+use crate::source::kafka::PartitionLag;
+use crate::source::{Position, Source, SourcePosition};
+use crate::state::rocks::{Changes, RocksState};
+use crate::time::{Idleness, Watermarks};
+use crate::window::operator::{Emitted, OperatorCounters, Snapshot, Verdict, WindowOperator};
+use crate::window::Window;
+use crate::{metrics, Error, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use crate::source::decode::MAX_FIELDS;
+
+/// What happened to the records, cumulative across savepoint resumes. The per-event
+/// counts are summed over the pipeline's aggregations.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Records read from the source.
+    pub read: u64,
+    /// Records that did not match the pipeline's filter.
+    pub filtered: u64,
+    /// Records sent to the dead-letter output.
+    pub dead_lettered: u64,
+    /// Events past every window's allowed lateness (late side output).
+    pub late: u64,
+    /// Accepted events whose window had already fired (re-emitted within lateness).
+    pub late_updates: u64,
+    /// Events added to a window.
+    pub accepted: u64,
+    /// Window results computed (with or without output).
+    pub windows_fired: u64,
+    /// Result records written.
+    pub emitted: u64,
+    /// Retractions written (a session's result superseded under another key).
+    #[serde(default)]
+    pub retracted: u64,
+}
+
+/// Command-line overrides of a run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Replace the file source's path (one partition).
+    pub input: Option<PathBuf>,
+    /// Replace the sink with this file.
+    pub output: Option<PathBuf>,
+    /// Process this many records, write a savepoint and stop.
+    pub stop_with_savepoint_after: Option<u64>,
+    /// Where new savepoints go (default: the pipeline's `savepoints.dir`).
+    pub savepoint_dir: Option<PathBuf>,
+    /// Resume from this savepoint.
+    pub from_savepoint: Option<PathBuf>,
+    /// Read the input as it grows (overrides `source.follow`).
+    pub follow: Option<bool>,
+    /// Start fresh even if the pipeline's checkpoint folder holds checkpoints.
+    pub no_recover: bool,
+}
+
+/// One aggregation at the end of a run.
+#[derive(Debug, Clone)]
+pub struct OperatorSummary {
+    pub name: String,
+    pub plugin: PluginIdentity,
+    pub counters: OperatorCounters,
+    /// Slots still open (0 after end of input; in the savepoint otherwise).
+    pub open_slots: usize,
+    pub keys: usize,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub counters: Counters,
+    pub operators: Vec<OperatorSummary>,
+    /// Slots still open, over all aggregations.
+    pub open_windows: usize,
+    pub watermark: i64,
+    /// The savepoint written, when the run stopped with one.
+    pub savepoint: Option<PathBuf>,
+    /// State schema migrations done at start: (aggregation, from, to).
+    pub migrated: Vec<(String, u32, u32)>,
+    /// The first aggregation's plugin.
+    pub plugin: PluginIdentity,
+    /// Records read by this run (not counting those before a resume).
+    pub records_this_run: u64,
+    /// Wall time of the processing loop.
+    pub elapsed: Duration,
+    /// CPU time of the processing thread during the loop.
+    pub cpu: Duration,
+    /// The checkpoint this run recovered from.
+    pub recovered_from: Option<String>,
+    /// Time to read and load the savepoint or checkpoint it started from.
+    pub restore_time: Duration,
+    /// Checkpoints taken by this run, and how long processing stopped for them.
+    pub checkpoints: u64,
+    pub checkpoint_pause_max: Duration,
+    pub checkpoint_pause_total: Duration,
+    /// How long processing stopped to write the final savepoint.
+    pub savepoint_pause: Duration,
+    /// Consumer lag per partition at the end of the run (Kafka sources).
+    pub lag: Vec<PartitionLag>,
+    /// Times the source was paused because a sink was behind (backpressure).
+    pub backpressure_pauses: u64,
+}
+
+/// How the job's plugins relate to the state it starts from.
+enum Upgrade {
+    /// Same logic: state schemas must match.
+    Resume,
+    /// `km0 deploy`: a new version of the plugin with this name, state migrated.
+    Deploy(String),
+}
+
+/// Run a pipeline (fresh, or resumed from `opts.from_savepoint`).
+pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<Summary> {
+    let plugins = load_plugins(pipeline, runtime, None)?;
+    let t0 = Instant::now();
+    let restore = match (&opts.from_savepoint, &pipeline.checkpoints) {
+        (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
+        (None, Some(c)) if !opts.no_recover => {
+            let store = LocalStore::open(&c.dir)?;
+            let transactional = opts.output.is_none()
+                && matches!(
+                    pipeline.sink,
+                    SinkSpec::Kafka { mode: crate::pipeline::KafkaSinkMode::Transactional, .. }
+                );
+            let found = store::latest_valid(&store, transactional)?;
+            if transactional {
+                // Checkpoints after the one recovered from never committed: drop them, so
+                // that pruning cannot remove the last committed one.
+                let newest = found.as_ref().map_or(0, |(n, _)| *n);
+                for n in store.list()?.into_iter().filter(|&n| n > newest) {
+                    store.remove(n)?;
+                }
+            }
+            found.map(|(n, savepoint)| {
+                tracing::info!(checkpoint = n, "recovering from the latest checkpoint");
+                Restore { savepoint, checkpoint: Some(n) }
+            })
+        }
+        _ => None,
+    };
+    start(pipeline, opts, plugins, restore, Upgrade::Resume, t0)
+}
+
+/// What a run starts from.
+struct Restore {
+    savepoint: Savepoint,
+    /// The checkpoint number, when recovering from a checkpoint.
+    checkpoint: Option<u64>,
+}
+
+/// Resume from a savepoint with a new plugin version, migrating its state. Refused (the
+/// savepoint untouched, nothing written) when the plugin cannot take the state. The new
+/// plugin replaces every aggregation whose plugin has the same name.
+pub fn deploy(
+    pipeline: &Pipeline,
+    plugin_path: &Path,
+    from_savepoint: &Path,
+    opts: &RunOptions,
+    runtime: &PluginRuntime,
+) -> Result<Summary> {
+    let restore = savepoint::read(from_savepoint)?;
+    // Only its name here: each aggregation it replaces configures it with its own
+    // `[plugin.config]` and limits (load_plugins).
+    let (identity, _) = runtime.inspect(plugin_path).map_err(|e| Error::Deploy(format!("{e}")))?;
+    let name = identity.name;
+    if !restore.meta.operators.iter().any(|o| o.plugin.name == name) {
+        let held: Vec<&str> = restore.meta.operators.iter().map(|o| o.plugin.name.as_str()).collect();
+        return Err(Error::Deploy(format!(
+            "the savepoint holds state of plugin(s) {held:?}; plugin {name:?} is different logic and cannot take it"
+        )));
+    }
+    let plugins = load_plugins(pipeline, runtime, Some((plugin_path, &name, &restore)))?;
+    let restore = Restore { savepoint: restore, checkpoint: None };
+    start(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now())
+}
+
+/// The plugin of every aggregation; with `deploy`, the new component replaces the
+/// plugins that the savepoint holds under its name.
+fn load_plugins(
+    pipeline: &Pipeline,
+    runtime: &PluginRuntime,
+    deploy: Option<(&Path, &str, &Savepoint)>,
+) -> Result<Vec<Plugin>> {
+    pipeline
+        .aggregations
+        .iter()
+        .map(|a| {
+            let replaced = deploy.filter(|(_, name, sp)| {
+                sp.meta.operators.iter().any(|o| o.id == a.name && o.plugin.name == *name)
+            });
+            match replaced {
+                Some((path, _, _)) => runtime
+                    .load_with(path, &a.plugin.config, a.plugin.limits)
+                    .map_err(|e| Error::Deploy(format!("{e}"))),
+                None => runtime.load_with(&a.plugin.path, &a.plugin.config, a.plugin.limits),
+            }
+        })
+        .collect()
+}
+
+/// Check a pipeline and its plugins without running anything.
+pub fn validate(pipeline: &Pipeline, runtime: &PluginRuntime) -> Result<Vec<PluginIdentity>> {
+    let plugins = load_plugins(pipeline, runtime, None)?;
+    let ids = plugins.iter().map(|p| p.identity().clone()).collect();
+    Job::new(pipeline, plugins)?;
+    Ok(ids)
+}

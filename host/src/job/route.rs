@@ -1,0 +1,712 @@
+//! The job's state and what happens to one record: decoded, filtered, dead-lettered,
+//! late or accepted by each aggregation; the watermark moved and what it fires written;
+//! side outputs; the state captured for checkpoints and savepoints, and restored.
+
+use super::runner::{report_lag, LagReport};
+use super::*;
+use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
+
+/// The job's loop state.
+pub(super) struct Job {
+    pub(super) decoder: Decoder,
+    pub(super) ops: Vec<WindowOperator>,
+    pub(super) watermarks: Watermarks,
+    /// Partitions by field value instead of by file.
+    pub(super) by_field: bool,
+    /// Watermark clock of each source partition, when not the same index (Kafka).
+    pub(super) clock_of: Vec<usize>,
+    /// Results handed to the sink so far (restored with the state): a result's ordinal
+    /// identifies it across a replay.
+    pub(super) results_out: u64,
+    pub(super) read: u64,
+    pub(super) filtered: u64,
+    pub(super) dead_lettered: u64,
+    pub(super) key_buf: Vec<u8>,
+    pub(super) line_buf: Vec<u8>,
+    pub(super) results: Vec<Emitted>,
+    /// Input names by partition, for side outputs.
+    pub(super) sources: Vec<String>,
+    pub(super) output: Option<ResultSink>,
+    pub(super) late: Option<JsonlSink>,
+    pub(super) dead: Option<DeadLetterSink>,
+    /// Id of the last snapshot taken or restored ("" before the first): the parent of
+    /// the next barrier.
+    pub(super) snapshot_id: String,
+    /// [`results_fingerprint`] of this run.
+    pub(super) fingerprint: String,
+}
+
+#[derive(Serialize)]
+pub(super) struct DeadLetter<'a> {
+    reason: &'a str,
+    source: &'a str,
+    line: u64,
+    offset: u64,
+    record: Cow<'a, str>,
+}
+
+/// A result the sink could not take.
+#[derive(Serialize)]
+pub(super) struct ResultDeadLetter<'a> {
+    reason: &'a str,
+    key: &'a str,
+    /// The result's JSON value, as text.
+    value: &'a str,
+}
+
+/// Events (or a window's result) that a faulty plugin could not take.
+#[derive(Serialize)]
+pub(super) struct PluginDeadLetter<'a> {
+    reason: &'a str,
+    aggregation: &'a str,
+    key: &'a str,
+    window_start: i64,
+    window_end: i64,
+    /// Empty when the window's result was rejected.
+    event_times: &'a [i64],
+}
+
+#[derive(Serialize)]
+pub(super) struct LateEvent<'a> {
+    reason: &'a str,
+    aggregation: &'a str,
+    event_time: i64,
+    watermark: i64,
+    window_start: i64,
+    window_end: i64,
+    source: &'a str,
+    line: u64,
+    offset: u64,
+    record: Cow<'a, str>,
+}
+
+/// Encode one side-output record (late events, dead letters) into `buf`.
+pub(super) fn encode_side(buf: &mut Vec<u8>, record: &impl Serialize) -> Result<()> {
+    buf.clear();
+    serde_json::to_writer(&mut *buf, record).map_err(|e| Error::Usage(format!("encode side output: {e}")))
+}
+
+impl Job {
+    pub(super) fn new(pipeline: &Pipeline, plugins: Vec<Plugin>) -> Result<Job> {
+        // A plugin that reads more key fields than the pipeline's key has is refused now,
+        // not on every window.
+        for (a, p) in pipeline.aggregations.iter().zip(&plugins) {
+            let need = p.key_fields() as usize;
+            if need > pipeline.key.len() {
+                return Err(Error::Plugin {
+                    plugin: format!("{} {}", p.identity().name, p.identity().version),
+                    message: format!(
+                        "aggregation {:?} reads {need} key fields from every group, but the pipeline's key {:?} has {}",
+                        a.name,
+                        pipeline.key,
+                        pipeline.key.len()
+                    ),
+                });
+            }
+        }
+        let fingerprint = results_fingerprint(pipeline, &plugins);
+        let (decoder, columns) = Decoder::new(pipeline, &plugins)?;
+        let prefixed = pipeline.aggregations.len() > 1;
+        let ops = pipeline
+            .aggregations
+            .iter()
+            .zip(plugins)
+            .zip(columns)
+            .map(|((a, plugin), cols)| {
+                let key_arity = pipeline.key.len();
+                let mut op = WindowOperator::new(
+                    &a.name,
+                    prefixed,
+                    &a.window,
+                    plugin,
+                    a.plugin.batch_size,
+                    key_arity,
+                    cols,
+                );
+                op.set_on_error(a.plugin.on_error);
+                op
+            })
+            .collect();
+        let by_field = pipeline.source.partitioning().field.is_some();
+        let idleness = idleness(pipeline);
+        Ok(Job {
+            decoder,
+            ops,
+            watermarks: Watermarks::new(pipeline.event_time.watermark_delay_ms, idleness),
+            by_field,
+            clock_of: Vec::new(),
+            results_out: 0,
+            read: 0,
+            filtered: 0,
+            dead_lettered: 0,
+            key_buf: Vec::with_capacity(64),
+            line_buf: Vec::with_capacity(256),
+            results: Vec::new(),
+            sources: Vec::new(),
+            output: None,
+            late: None,
+            dead: None,
+            snapshot_id: String::new(),
+            fingerprint,
+        })
+    }
+
+    pub(super) fn counters(&self) -> Counters {
+        let mut c = Counters {
+            read: self.read,
+            filtered: self.filtered,
+            dead_lettered: self.dead_lettered,
+            ..Counters::default()
+        };
+        for op in &self.ops {
+            let o = op.counters();
+            c.accepted += o.accepted;
+            c.late += o.late;
+            c.late_updates += o.late_updates;
+            c.windows_fired += o.windows_fired;
+            c.emitted += o.emitted;
+            c.retracted += o.retracted;
+        }
+        c
+    }
+
+    /// Process one record.
+    #[inline]
+    pub(super) fn on_record(&mut self, record: &[u8], pos: Position) -> Result<()> {
+        self.read += 1;
+        let mut slots = [None; MAX_FIELDS];
+        let slots = &mut slots[..self.decoder.projection.len()];
+        if let Err(e) = self.decoder.projection.scan(record, slots) {
+            self.dead_letter(&format!("not a valid JSON object: {e}"), record, pos)?;
+            if !self.by_field {
+                // Any record is activity: it can wake its partition or mark another idle,
+                // and what that fires must fire now (a snapshot must not see a watermark
+                // that windows below it have not reached).
+                let before = self.watermarks.current();
+                let wm = self.watermarks.on_record(self.clock(pos.partition));
+                if wm > before {
+                    self.advance(wm)?;
+                    self.write_results()?;
+                }
+            }
+            return Ok(());
+        }
+        let partition = if self.by_field {
+            let name = self.decoder.partition_name(slots);
+            self.watermarks.partition(&name)
+        } else {
+            self.clock(pos.partition)
+        };
+        let before = self.watermarks.current();
+        let wm = self.watermarks.on_record(partition);
+        if wm > before {
+            self.advance(wm)?;
+        }
+        let checked = self
+            .decoder
+            .event_time(slots)
+            .and_then(|t| self.decoder.key(slots, &mut self.key_buf).map(|_| t));
+        let t = match checked {
+            Ok(t) => t,
+            Err(Reject::Filtered) => {
+                self.filtered += 1;
+                return Ok(());
+            }
+            Err(Reject::Dead(reason)) => return self.dead_letter(&reason, record, pos),
+        };
+        // Each aggregation checks the fields its plugin reads: a record one of them cannot
+        // take is dead-lettered for that one (naming it), and the others take it.
+        let mut refused: Vec<(usize, String)> = Vec::new();
+        for (i, op) in self.ops.iter().enumerate() {
+            if let Err(reason) = op.check(slots, &self.decoder.names) {
+                refused.push((i, reason));
+            }
+        }
+        if !refused.is_empty() {
+            if refused.len() == self.ops.len() && self.ops.len() == 1 {
+                return self.dead_letter(&refused[0].1, record, pos);
+            }
+            for (i, reason) in &refused {
+                let name = self.ops[*i].name().to_string();
+                let reason = format!("aggregation {name:?}: {reason}");
+                self.dead_letter_for(Some(name), &reason, record, pos)?;
+            }
+            if refused.len() == self.ops.len() {
+                return Ok(());
+            }
+        }
+        for i in 0..self.ops.len() {
+            if !refused.is_empty() && refused.iter().any(|(j, _)| *j == i) {
+                continue;
+            }
+            match self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)? {
+                Verdict::Accepted => {}
+                Verdict::Late { window } => self.late_event(i, t, wm, window, record, pos)?,
+                // Every operator sees the same key: the first one to meet it decides.
+                Verdict::InvalidKey => {
+                    return self.dead_letter("a key field is not valid UTF-8", record, pos)
+                }
+            }
+        }
+        // A late event cannot move the watermark: its time is below it.
+        let after = self.watermarks.observe(partition, t);
+        if after > wm {
+            self.advance(after)?;
+        }
+        if !self.results.is_empty() || self.ops.iter().any(|op| op.has_rejected()) {
+            self.write_results()?;
+        }
+        Ok(())
+    }
+
+    /// Between barriers (and with no checkpoints at all): a delivery that failed for
+    /// everything fails the job now; records refused for themselves go to the dead
+    /// letters.
+    pub(super) fn check_deliveries(&mut self) -> Result<()> {
+        let Some(out) = self.output.as_mut() else { return Ok(()) };
+        out.check_deliveries()?;
+        let refused = out.take_refused();
+        self.dead_letter_results(refused)
+    }
+
+    /// Processing time passed with nothing to read: processing-time idleness may move the
+    /// watermark.
+    pub(super) fn tick(&mut self) -> Result<()> {
+        let before = self.watermarks.current();
+        let wm = self.watermarks.tick();
+        if wm > before {
+            self.advance(wm)?;
+            self.write_results()?;
+        }
+        Ok(())
+    }
+
+    /// A partition's input ended: it stops holding the watermark back.
+    pub(super) fn partition_ended(&mut self, p: u32) -> Result<()> {
+        if self.by_field {
+            return Ok(());
+        }
+        let before = self.watermarks.current();
+        let wm = self.watermarks.finish(self.clock(p));
+        if wm > before {
+            self.advance(wm)?;
+            self.write_results()?;
+        }
+        Ok(())
+    }
+
+    /// The watermark clock of source partition `p`.
+    #[inline]
+    pub(super) fn clock(&self, p: u32) -> usize {
+        self.clock_of.get(p as usize).copied().unwrap_or(p as usize)
+    }
+
+    pub(super) fn advance(&mut self, wm: i64) -> Result<()> {
+        for op in &mut self.ops {
+            op.advance(wm, &mut self.results)?;
+        }
+        Ok(())
+    }
+
+    /// Dead-letter what the plugins could not take.
+    pub(super) fn write_rejected(&mut self) -> Result<()> {
+        for i in 0..self.ops.len() {
+            for r in self.ops[i].take_rejected() {
+                self.dead_lettered += r.event_times.len().max(1) as u64;
+                let d = PluginDeadLetter {
+                    reason: &r.reason,
+                    aggregation: self.ops[i].name(),
+                    key: &r.key,
+                    window_start: r.window.start,
+                    window_end: r.window.end,
+                    event_times: &r.event_times,
+                };
+                encode_side(&mut self.line_buf, &d)?;
+                // Keyed by what was rejected (aggregation, key, window, first event time or
+                // the window's result): distinct rejections never compact onto each other,
+                // a replay's copy compacts onto the first.
+                let what = r.event_times.first().map_or_else(|| "result".to_string(), |t| t.to_string());
+                let origin = [
+                    ("km0.aggregation", d.aggregation.to_string()),
+                    ("km0.key", r.key.clone()),
+                    ("km0.window_start", r.window.start.to_string()),
+                    ("km0.event_time", what),
+                ];
+                if let Some(dead) = self.dead.as_mut() {
+                    dead.write(&self.line_buf, &self.line_buf, &origin, &r.reason)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn write_results(&mut self) -> Result<()> {
+        self.write_rejected()?;
+        let mut refused = Vec::new();
+        if let Some(s) = self.output.as_mut() {
+            for e in self.results.drain(..) {
+                // Numbered all the same: ordinals stay those of an uninterrupted run.
+                self.results_out += 1;
+                match s.refuses(&e.key, e.value.as_deref()) {
+                    Some(reason) => refused.push((e.key, e.value.unwrap_or_default(), reason)),
+                    None => s.write(&e.key, e.value.as_deref(), self.results_out, &mut self.line_buf)?,
+                }
+            }
+        }
+        self.results.clear();
+        self.dead_letter_results(refused)
+    }
+
+    /// Results the sink cannot take go to the dead-letter output with the reason.
+    pub(super) fn dead_letter_results(&mut self, refused: Vec<(String, String, String)>) -> Result<()> {
+        for (key, value, reason) in refused {
+            self.dead_lettered += 1;
+            let d = ResultDeadLetter { reason: &reason, key: &key, value: &value };
+            encode_side(&mut self.line_buf, &d)?;
+            let origin = [("km0.result", key.clone())];
+            if let Some(dead) = self.dead.as_mut() {
+                dead.write(&self.line_buf, value.as_bytes(), &origin, &reason)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Backpressure: the result sink is far behind; stop fetching and wait until it has
+    /// caught up (memory stays bounded whatever the backlog in the source).
+    pub(super) fn drain_output(&mut self, source: &mut Source, lag_at: &mut LagReport) -> Result<()> {
+        source.pause()?;
+        tracing::info!("backpressure: the sink is behind, source paused");
+        let t = Instant::now();
+        while self.output.as_ref().is_some_and(|o| !o.caught_up()) {
+            std::thread::sleep(Duration::from_millis(2));
+            report_lag(source, lag_at);
+        }
+        tracing::info!(
+            waited_ms = t.elapsed().as_millis() as u64,
+            "backpressure: sink caught up, source resumed"
+        );
+        source.resume()
+    }
+
+    pub(super) fn dead_letter(&mut self, reason: &str, record: &[u8], pos: Position) -> Result<()> {
+        self.dead_letter_for(None, reason, record, pos)
+    }
+
+    /// A dead letter for one aggregation (keyed with its name in Kafka, so the dead letters
+    /// of one record for several aggregations do not compact onto each other).
+    pub(super) fn dead_letter_for(
+        &mut self,
+        aggregation: Option<String>,
+        reason: &str,
+        record: &[u8],
+        pos: Position,
+    ) -> Result<()> {
+        self.dead_lettered += 1;
+        let source = self.sources.get(pos.partition as usize).map_or("", String::as_str);
+        let Some(dead) = self.dead.as_mut() else { return Ok(()) };
+        if dead.wants_json() {
+            let d = DeadLetter {
+                reason,
+                source,
+                line: pos.line,
+                offset: pos.offset,
+                record: String::from_utf8_lossy(record),
+            };
+            encode_side(&mut self.line_buf, &d)?;
+        }
+        let mut origin = vec![("km0.source", source.to_string()), ("km0.offset", pos.offset.to_string())];
+        if let Some(a) = aggregation {
+            origin.push(("km0.aggregation", a));
+        }
+        dead.write(&self.line_buf, record, &origin, reason)
+    }
+
+    pub(super) fn late_event(
+        &mut self,
+        op: usize,
+        t: i64,
+        wm: i64,
+        window: Window,
+        record: &[u8],
+        pos: Position,
+    ) -> Result<()> {
+        let l = LateEvent {
+            reason: "late: past its windows' allowed lateness",
+            aggregation: self.ops[op].name(),
+            event_time: t,
+            watermark: wm,
+            window_start: window.start,
+            window_end: window.end,
+            source: self.sources.get(pos.partition as usize).map_or("", String::as_str),
+            line: pos.line,
+            offset: pos.offset,
+            record: String::from_utf8_lossy(record),
+        };
+        encode_side(&mut self.line_buf, &l)?;
+        if let Some(late) = self.late.as_mut() {
+            late.write_line(&self.line_buf)?;
+        }
+        self.ops[op].count_late();
+        Ok(())
+    }
+
+    /// Load a savepoint's state into this (fresh) job. Returns the migrations done.
+    pub(super) fn restore(
+        &mut self,
+        pipeline: &Pipeline,
+        sp: &Savepoint,
+        upgrade: &Upgrade,
+    ) -> Result<Vec<(String, u32, u32)>> {
+        let refuse = |m: String| match upgrade {
+            Upgrade::Deploy(_) => Error::Deploy(m),
+            Upgrade::Resume => Error::Savepoint { path: sp.path.clone(), message: m },
+        };
+        let meta = &sp.meta;
+        if meta.pipeline.fingerprint != pipeline.state_fingerprint() {
+            return Err(refuse(format!(
+                "was taken from pipeline {:?} with other keys, windows, event-time field or filter; \
+                 its state does not fit pipeline {:?}",
+                meta.pipeline.name, pipeline.name
+            )));
+        }
+        let mut migrated = Vec::new();
+        let mut snapshots = Vec::new();
+        for op in &mut self.ops {
+            let Some(i) = meta.operators.iter().position(|o| o.id == op.name()) else {
+                return Err(refuse(format!("holds no state for aggregation {:?}", op.name())));
+            };
+            let (saved, mut snap) = (&meta.operators[i], sp.snapshots[i].clone());
+            let (old, new) = (&saved.plugin, op.identity().clone());
+            if old.name != new.name {
+                return Err(refuse(format!(
+                    "aggregation {:?}: the savepoint holds state of plugin {:?}; plugin {:?} is different logic",
+                    op.name(),
+                    old.name,
+                    new.name
+                )));
+            }
+            if let Some(bad) =
+                snap.slots.iter().find(|s| crate::state::arity_of(&s.key) != Some(pipeline.key.len()))
+            {
+                let fields: Vec<&str> = crate::state::fields_of(&bad.key).collect();
+                return Err(refuse(format!("key {fields:?} does not have {} fields", pipeline.key.len())));
+            }
+            // Rows held for an ordered plugin are restored into this plugin's columns: they
+            // must have its fields' number and types (a plugin whose fields changed cannot
+            // take them).
+            let fields = &op.plugin().info().fields;
+            if let Some(bad) = snap.rows.iter().find(|r| !row_fits(&r.values, fields)) {
+                let want: Vec<String> =
+                    fields.iter().map(|f| format!("{} ({:?})", f.name, f.type_)).collect();
+                return Err(refuse(format!(
+                    "aggregation {:?}: the savepoint holds {} rows that plugin {} {} must take in order, with \
+                     {} values each (the first: {:?}), but its fields are [{}]: a plugin whose fields change \
+                     cannot take them; deploy it from a savepoint taken with no rows held (after the input \
+                     ends), or keep its fields",
+                    op.name(),
+                    snap.rows.len(),
+                    new.name,
+                    new.version,
+                    bad.values.len(),
+                    bad.values,
+                    want.join(", ")
+                )));
+            }
+            let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
+            if deploying {
+                op.migrate(old.state_schema, &mut snap).map_err(|e| {
+                    Error::Deploy(format!(
+                        "{} {} (state schema {}) cannot take the savepoint's state (schema {}): {e}",
+                        new.name, new.version, new.state_schema, old.state_schema
+                    ))
+                })?;
+                migrated.push((op.name().to_string(), old.state_schema, new.state_schema));
+            } else if old.state_schema != new.state_schema {
+                return Err(refuse(format!(
+                    "the savepoint's accumulators have state schema {} but {} {} uses schema {}: deploy it with \
+                     `km0 deploy PLUGIN.wasm --from-savepoint {}` to migrate",
+                    old.state_schema,
+                    new.name,
+                    new.version,
+                    new.state_schema,
+                    sp.path.display()
+                )));
+            } else if old.sha256 != new.sha256 {
+                tracing::warn!(from = %old.version, to = %new.version, "resuming with another build of the plugin (same state schema)");
+            }
+            snapshots.push(snap);
+        }
+        // Everything checked: now load.
+        self.watermarks =
+            Watermarks::restore(pipeline.event_time.watermark_delay_ms, idleness(pipeline), &meta.watermark);
+        let wm = self.watermarks.current();
+        for (op, snap) in self.ops.iter_mut().zip(&snapshots) {
+            op.restore(snap, wm, meta.rows_cover_slots)?;
+        }
+        self.snapshot_id = meta.snapshot_id.clone();
+        self.read = meta.counters.read;
+        self.filtered = meta.counters.filtered;
+        self.dead_lettered = meta.counters.dead_lettered;
+        self.results_out = meta.counters.emitted + meta.counters.retracted;
+        Ok(migrated)
+    }
+
+    /// A consistent snapshot of the job at this point of the input: every operator's
+    /// state, the source position, the watermarks, the counters, and the sinks flushed
+    /// and synced to the length they have now.
+    pub(super) fn snapshot(
+        &mut self,
+        pipeline: &Pipeline,
+        source: &Source,
+    ) -> Result<(SavepointMeta, Vec<Snapshot>)> {
+        let mut snapshots = Vec::new();
+        for op in &mut self.ops {
+            snapshots.push(op.snapshot()?);
+        }
+        let counts = snapshots.iter().map(|s| (s.slots.len() as u64, s.rows.len() as u64)).collect();
+        let meta = self.meta(pipeline, source, counts)?;
+        Ok((meta, snapshots))
+    }
+
+    /// The changes since the last checkpoint, for the incremental (RocksDB) backend, and
+    /// the snapshot's metadata.
+    pub(super) fn changes(
+        &mut self,
+        pipeline: &Pipeline,
+        source: &Source,
+    ) -> Result<(SavepointMeta, Vec<Changes>)> {
+        let mut changes = Vec::new();
+        let mut counts = Vec::new();
+        for op in &mut self.ops {
+            op.flush_unordered()?;
+            let c = op.take_changes();
+            counts.push((op.open_slots() as u64, c.rows.len() as u64));
+            changes.push(c);
+        }
+        let meta = self.meta(pipeline, source, counts)?;
+        Ok((meta, changes))
+    }
+
+    /// A new barrier in the job's lineage: a fresh snapshot id, after the previous one.
+    pub(super) fn barrier(&mut self) -> Barrier {
+        let id = new_snapshot_id();
+        let parent = std::mem::replace(&mut self.snapshot_id, id.clone());
+        Barrier { id, parent, fingerprint: self.fingerprint.clone() }
+    }
+
+    /// Metadata of a snapshot taken now; the sinks are flushed to the operating system
+    /// (the snapshot's writer syncs them before it completes).
+    pub(super) fn meta(
+        &mut self,
+        pipeline: &Pipeline,
+        source: &Source,
+        counts: Vec<(u64, u64)>,
+    ) -> Result<SavepointMeta> {
+        self.write_results()?;
+        let barrier = self.barrier();
+        let mut sinks = Vec::new();
+        if let Some(out) = self.output.as_mut() {
+            sinks.extend(out.position(self.results_out, &barrier)?);
+        }
+        let refused = self.output.as_mut().map(ResultSink::take_refused).unwrap_or_default();
+        self.dead_letter_results(refused)?;
+        if let Some(late) = self.late.as_mut() {
+            sinks.extend(late.position()?);
+        }
+        if let Some(dead) = self.dead.as_mut() {
+            sinks.extend(dead.position()?);
+        }
+        let operators = self
+            .ops
+            .iter()
+            .zip(counts)
+            .map(|(op, (slots, rows))| OperatorMeta {
+                id: op.name().to_string(),
+                plugin: op.identity().clone(),
+                slots,
+                rows,
+                counters: op.counters().clone(),
+            })
+            .collect();
+        Ok(SavepointMeta {
+            format: savepoint::FORMAT.into(),
+            format_version: savepoint::FORMAT_VERSION,
+            km0_version: env!("CARGO_PKG_VERSION").into(),
+            created_at_ms: metrics::now_ms(),
+            pipeline: PipelineIdentity {
+                name: pipeline.name.clone(),
+                fingerprint: pipeline.state_fingerprint(),
+            },
+            operators,
+            source: source.position(),
+            watermark: self.watermarks.save(),
+            counters: self.counters(),
+            sinks,
+            state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
+            snapshot_id: barrier.id,
+            rows_cover_slots: true,
+        })
+    }
+}
+
+/// Whether a held row's values fit a plugin's fields (number and types).
+pub(super) fn row_fits(values: &[crate::plugin::batch::Value], fields: &[crate::plugin::Field]) -> bool {
+    use crate::plugin::{batch::Value, FieldType};
+    values.len() == fields.len()
+        && values.iter().zip(fields).all(|(v, f)| {
+            matches!(
+                (v, f.type_),
+                (Value::Int(_), FieldType::Int)
+                    | (Value::Float(_), FieldType::Float)
+                    | (Value::Text(_), FieldType::Text)
+                    | (Value::Bool(_), FieldType::Boolean)
+            )
+        })
+}
+
+/// A random-enough id for a snapshot: time, process and a counter, hashed.
+pub(super) fn new_snapshot_id() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let seed = format!("{nanos}/{}/{n}", std::process::id());
+    crate::pipeline::hex(&Sha256::digest(seed.as_bytes())[..8])
+}
+
+/// What determines a job's results: its source and filter, event time (delay, accepted
+/// range), idleness, every aggregation's window (with its lateness), plugin code,
+/// configuration, limits and fault policy. A replay with the same fingerprint over the same
+/// records gives the same results. (Written with `Debug`: a km0 of another version may
+/// compute another one, which only makes it refuse a replay it could have skipped.)
+pub(super) fn results_fingerprint(pipeline: &Pipeline, plugins: &[Plugin]) -> String {
+    let mut text = format!(
+        "{}|{:?}|{:?}|{:?}|{:?}",
+        pipeline.state_fingerprint(),
+        pipeline.source,
+        pipeline.filter,
+        pipeline.event_time,
+        pipeline.key
+    );
+    for (a, p) in pipeline.aggregations.iter().zip(plugins) {
+        text.push_str(&format!(
+            "|{}:{:?}:{}:{:?}:{:?}:{:?}",
+            a.name,
+            a.window,
+            p.identity().sha256,
+            a.plugin.config,
+            a.plugin.limits,
+            a.plugin.on_error
+        ));
+    }
+    crate::pipeline::hex(&Sha256::digest(text.as_bytes()))
+}
+
+/// The pipeline's idleness rules for partition watermarks.
+pub(super) fn idleness(pipeline: &Pipeline) -> Idleness {
+    let p = pipeline.source.partitioning();
+    Idleness {
+        timeout: p.idle_timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
+        after_records: p.idle_after_records,
+    }
+}

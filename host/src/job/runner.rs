@@ -1,0 +1,287 @@
+//! Opening a job (state restored, source positioned, sinks opened last) and its loop:
+//! records, partition ends, checkpoints, backpressure, lag reports, idle ticks; then the
+//! savepoint or the end of the input, and the run's summary.
+
+use super::checkpoints::{CheckpointStats, Checkpointer};
+use super::route::Job;
+use super::*;
+
+pub(super) fn start(
+    pipeline: &Pipeline,
+    opts: &RunOptions,
+    plugins: Vec<Plugin>,
+    restore: Option<Restore>,
+    upgrade: Upgrade,
+    restore_started: Instant,
+) -> Result<Summary> {
+    let mut job = Job::new(pipeline, plugins)?;
+    if let Some(input) = &opts.input {
+        // Another input is another run: it never replays an epoch of the pipeline's own.
+        let text = format!("{}|input={}", job.fingerprint, input.display());
+        job.fingerprint = crate::pipeline::hex(&Sha256::digest(text.as_bytes()));
+    }
+    let partitioning = pipeline.source.partitioning().clone();
+    let follow = Source::unbounded(&pipeline.source, opts.follow);
+    let recovered_from = restore.as_ref().and_then(|r| r.checkpoint).map(|n| format!("chk-{n:06}"));
+    let restore = restore.map(|r| r.savepoint);
+    let mut migrated = Vec::new();
+    if let Some(sp) = &restore {
+        migrated = job.restore(pipeline, sp, &upgrade)?;
+    }
+    let restore_time = if restore.is_some() { restore_started.elapsed() } else { Duration::ZERO };
+    let mut source = Source::open(
+        &pipeline.source,
+        opts.input.as_ref(),
+        opts.follow,
+        restore.as_ref().map(|sp| &sp.meta.source),
+    )?;
+    let mut checkpoints = match &pipeline.checkpoints {
+        Some(spec) => {
+            let store = LocalStore::open(&spec.dir)?;
+            let next = store.list()?.last().map_or(1, |n| n + 1);
+            let rocks = match pipeline.state.backend {
+                Backend::Memory => None,
+                Backend::Rocksdb => {
+                    for op in &mut job.ops {
+                        op.track_changes();
+                    }
+                    Some(std::sync::Arc::new(RocksState::open_fresh(&pipeline.state.dir)?))
+                }
+            };
+            Some(Checkpointer {
+                spec: spec.clone(),
+                store,
+                rocks,
+                next,
+                last: Instant::now(),
+                records_at_last: 0,
+                writing: None,
+                synchronous: false,
+            })
+        }
+        None => None,
+    };
+    if partitioning.field.is_none() && restore.is_none() {
+        for p in 0..source.partitions() {
+            job.watermarks.partition(&source.partition_name(p as u32));
+        }
+    }
+    if matches!(source, Source::Kafka(_)) {
+        // Kafka partitions meet their clocks by name: a topic may have gained partitions
+        // since the checkpoint (a new one gets a clock of its own).
+        job.clock_of = (0..source.partitions())
+            .map(|p| job.watermarks.partition(&source.partition_name(p as u32)))
+            .collect();
+    }
+
+    // Sinks are opened only once everything above has been checked.
+    let sink_pos =
+        |name: &str| restore.as_ref().and_then(|sp| sp.meta.sinks.iter().find(|s| s.name == name).cloned());
+    // A transactional sink's id is stable per job, so a restart fences its predecessor.
+    let txn_id = format!("km0-{}", pipeline.name);
+    job.output = Some(match (&opts.output, &pipeline.sink) {
+        (Some(p), _) => ResultSink::Jsonl(JsonlSink::open("output", p, sink_pos("output").as_ref())?),
+        (None, SinkSpec::File { path }) => {
+            ResultSink::Jsonl(JsonlSink::open("output", path, sink_pos("output").as_ref())?)
+        }
+        (None, SinkSpec::Stdout) => ResultSink::Jsonl(JsonlSink::stdout("output")),
+        (None, SinkSpec::Kafka { target, mode, max_in_flight }) => {
+            let mut sink = KafkaSink::open(target, *mode, &txn_id)?;
+            sink.set_max_in_flight(*max_in_flight);
+            ResultSink::Kafka(sink)
+        }
+        (None, SinkSpec::Postgres { url, table }) => {
+            let replayable = match &pipeline.source {
+                crate::pipeline::SourceSpec::Kafka(k) => k.start == crate::pipeline::StartAt::Earliest,
+                _ => true,
+            };
+            let start = StartPoint {
+                snapshot: restore.as_ref().map(|sp| sp.meta.snapshot_id.clone()),
+                ordinal: job.results_out,
+                fingerprint: job.fingerprint.clone(),
+                replayable,
+            };
+            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.name, &start)?)
+        }
+    });
+    if let (Some(c), Some(out)) = (checkpoints.as_mut(), job.output.as_ref()) {
+        c.synchronous = out.commits_on_completion();
+    }
+    job.late = Some(JsonlSink::open("late", &pipeline.late, sink_pos("late").as_ref())?);
+    job.dead = Some(match &pipeline.dead_letter {
+        DeadLetterSpec::File(path) => {
+            DeadLetterSink::Jsonl(JsonlSink::open("dead_letter", path, sink_pos("dead_letter").as_ref())?)
+        }
+        DeadLetterSpec::Kafka(target) => {
+            DeadLetterSink::Kafka(KafkaSink::open(target, crate::pipeline::KafkaSinkMode::Upsert, &txn_id)?)
+        }
+    });
+    job.sources = (0..source.partitions()).map(|p| source.partition_name(p as u32)).collect();
+
+    tracing::info!(pipeline = %pipeline.name, partitions = source.partitions(), resumed = restore.is_some(), "job started");
+    let read_before = source.records();
+    let stop_after = opts.stop_with_savepoint_after;
+    let cpu0 = metrics::thread_cpu_time();
+    let t0 = Instant::now();
+    let mut stopped = stop_after == Some(0);
+    let mut stats = CheckpointStats::default();
+    let mut idle_loops = 0u32;
+    let mut backpressure_pauses = 0u64;
+    let mut lag_at = LagReport { every: Duration::from_secs(5), last: Instant::now() };
+    if let crate::pipeline::SourceSpec::Kafka(k) = &pipeline.source {
+        lag_at.every = Duration::from_millis(k.lag_interval_ms as u64);
+    }
+    while !stopped {
+        match source.next_record()? {
+            Some((record, pos)) => {
+                job.on_record(record, pos)?;
+                for p in source.take_ended() {
+                    job.partition_ended(p)?;
+                }
+                let read = source.records();
+                if stop_after.is_some_and(|n| read - read_before >= n) {
+                    stopped = true;
+                } else if let Some(c) = checkpoints.as_mut().filter(|c| c.due(read)) {
+                    stats.add(c.take(&mut job, pipeline, &mut source)?);
+                }
+                if read % 1024 == 0 {
+                    if let Some(c) = checkpoints.as_mut() {
+                        c.completed(&mut job, &source, false)?;
+                    }
+                    if job.output.as_ref().is_some_and(ResultSink::behind) {
+                        backpressure_pauses += 1;
+                        job.drain_output(&mut source, &mut lag_at)?;
+                    }
+                    job.check_deliveries()?;
+                    report_lag(&source, &mut lag_at);
+                }
+            }
+            None if follow => {
+                // Nothing new: checkpoint if due, then wait for input.
+                for p in source.take_ended() {
+                    job.partition_ended(p)?;
+                }
+                job.tick()?;
+                job.check_deliveries()?;
+                report_lag(&source, &mut lag_at);
+                if let Some(c) = checkpoints.as_mut() {
+                    c.completed(&mut job, &source, false)?;
+                    if c.due_by_time() {
+                        stats.add(c.take(&mut job, pipeline, &mut source)?);
+                    }
+                }
+                idle_loops = idle_loops.saturating_add(1);
+                std::thread::sleep(Duration::from_millis(if idle_loops < 10 { 1 } else { 20 }));
+                continue;
+            }
+            None => break,
+        }
+        idle_loops = 0;
+    }
+    if let Some(c) = checkpoints.as_mut() {
+        c.completed(&mut job, &source, true)?;
+    }
+    let mut savepoint_path = None;
+    let mut savepoint_pause = Duration::ZERO;
+    if stopped {
+        let dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
+        let path = dir.join(format!("savepoint-{:012}", source.records()));
+        let t = Instant::now();
+        let (meta, snapshots) = job.snapshot(pipeline, &source)?;
+        let captured = t.elapsed();
+        meta.sinks.iter().try_for_each(crate::sink::sync)?;
+        savepoint::write(&path, meta, &snapshots)?;
+        // The savepoint is durable: a transactional sink commits what it covers.
+        if let Some(out) = job.output.as_mut() {
+            out.checkpoint_complete()?;
+        }
+        savepoint_pause = t.elapsed();
+        tracing::debug!(
+            capture_ms = captured.as_millis() as u64,
+            total_ms = savepoint_pause.as_millis() as u64,
+            "savepoint timing"
+        );
+        tracing::info!(path = %path.display(), "savepoint written");
+        savepoint_path = Some(path);
+    } else {
+        // End of a bounded input: every open window fires.
+        for op in &mut job.ops {
+            op.drain(&mut job.results)?;
+        }
+        job.write_results()?;
+        let mut barrier = job.barrier();
+        barrier.id.insert_str(0, crate::sink::postgres::END_PREFIX);
+        if let Some(out) = job.output.as_mut() {
+            out.commit(job.results_out, &barrier)?;
+        }
+        let refused = job.output.as_mut().map(ResultSink::take_refused).unwrap_or_default();
+        job.dead_letter_results(refused)?;
+        if let Some(late) = job.late.as_mut() {
+            late.commit()?;
+        }
+        if let Some(dead) = job.dead.as_mut() {
+            dead.commit()?;
+        }
+        // Everything read is in the sinks: show it to the consumer group.
+        source.checkpoint_complete(&source.position());
+    }
+    let elapsed = t0.elapsed();
+    let cpu = metrics::thread_cpu_time().saturating_sub(cpu0);
+    let operators: Vec<OperatorSummary> = job
+        .ops
+        .iter()
+        .map(|op| OperatorSummary {
+            name: op.name().to_string(),
+            plugin: op.identity().clone(),
+            counters: op.counters().clone(),
+            open_slots: op.open_slots(),
+            keys: op.keys(),
+        })
+        .collect();
+    Ok(Summary {
+        counters: job.counters(),
+        open_windows: operators.iter().map(|o| o.open_slots).sum(),
+        plugin: operators[0].plugin.clone(),
+        operators,
+        watermark: job.watermarks.current(),
+        savepoint: savepoint_path,
+        migrated,
+        records_this_run: source.records() - read_before,
+        elapsed,
+        cpu,
+        recovered_from,
+        restore_time,
+        checkpoints: stats.count,
+        checkpoint_pause_max: stats.max,
+        checkpoint_pause_total: stats.total,
+        savepoint_pause,
+        lag: source.lag().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not read the consumer lag");
+            Vec::new()
+        }),
+        backpressure_pauses,
+    })
+}
+
+/// When the consumer lag was last logged, and how often it is.
+pub(super) struct LagReport {
+    pub(super) every: Duration,
+    pub(super) last: Instant,
+}
+
+/// Log the consumer lag of a Kafka source when due.
+pub(super) fn report_lag(source: &Source, at: &mut LagReport) {
+    if !matches!(source, Source::Kafka(_)) || at.last.elapsed() < at.every {
+        return;
+    }
+    at.last = Instant::now();
+    for l in source.cached_lag().into_iter().filter(|l| l.high_watermark >= 0) {
+        tracing::info!(
+            partition = %l.partition,
+            lag = l.lag,
+            position = l.position,
+            high_watermark = l.high_watermark,
+            "consumer lag"
+        );
+    }
+}

@@ -187,6 +187,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run { pipeline, from_savepoint, args } => {
             let p = load(&pipeline)?;
             let runtime = PluginRuntime::new()?;
+            job::signals::stop_with_savepoint_on_signals();
             let summary = job::run(&p, &options(args, from_savepoint), &runtime)?;
             print_summary(&summary);
         }
@@ -204,6 +205,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Deploy { plugin, from_savepoint, pipeline, args } => {
             let p = load(&pipeline)?;
             let runtime = PluginRuntime::new()?;
+            job::signals::stop_with_savepoint_on_signals();
             let summary = job::deploy(&p, &plugin, &from_savepoint, &options(args, None), &runtime)?;
             for (aggregation, from, to) in &summary.migrated {
                 eprintln!("km0: aggregation {aggregation:?}: migrated state schema {from} -> {to}");

@@ -406,3 +406,48 @@ interval = "100ms"
     second.wait().unwrap();
     assert_eq!(got, want);
 }
+
+#[test]
+fn sigterm_stops_with_a_savepoint_that_resumes_to_the_uninterrupted_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = dir.path().join("all.jsonl");
+    let spec = StockStream { events: 40_000, seed: 17, late_fraction: 0.004, ..Default::default() };
+    stock_stream(&spec, &mut std::fs::File::create(&all).unwrap()).unwrap();
+    let text = std::fs::read_to_string(&all).unwrap();
+    let half = text.lines().take(20_000).map(|l| format!("{l}\n")).collect::<String>();
+    let live = dir.path().join("live.jsonl");
+    std::fs::write(&live, &half).unwrap();
+    let job = pipeline(dir.path(), &live, "out", "");
+    let child = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--follow"])
+        .arg(&job)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it read what is there, then ask it to stop.
+    std::thread::sleep(Duration::from_millis(1_500));
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "SIGTERM ends the run cleanly: {err}");
+    assert!(err.contains("stopped with savepoint"), "{err}");
+    let savepoint = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(Path::new(&savepoint).join("savepoint.json").exists(), "{savepoint}");
+    // The rest of the input arrives; the job resumes from the savepoint to the end.
+    std::fs::write(&live, &text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .arg("run")
+        .arg(&job)
+        .args(["--from-savepoint", &savepoint])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reference = pipeline(dir.path(), &live, "ref", "");
+    let p = Pipeline::load(&reference).unwrap();
+    job::run(&p, &RunOptions::default(), &PluginRuntime::new().unwrap()).unwrap();
+    let (got, want) = (outputs(dir.path(), "out"), outputs(dir.path(), "ref"));
+    assert!(want[0].lines().count() > 100);
+    assert!(got == want, "outputs differ from the uninterrupted run");
+}

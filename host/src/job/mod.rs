@@ -16,6 +16,7 @@
 mod checkpoints;
 mod route;
 mod runner;
+pub mod signals;
 
 use route::Job;
 use runner::start;

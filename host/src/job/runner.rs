@@ -139,7 +139,7 @@ pub(super) fn start(
                     job.partition_ended(p)?;
                 }
                 let read = source.records();
-                if stop_after.is_some_and(|n| read - read_before >= n) {
+                if stop_after.is_some_and(|n| read - read_before >= n) || super::signals::stop_requested() {
                     stopped = true;
                 } else if let Some(c) = checkpoints.as_mut().filter(|c| c.due(read)) {
                     stats.add(c.take(&mut job, pipeline, &mut source)?);
@@ -156,6 +156,7 @@ pub(super) fn start(
                     report_lag(&source, &mut lag_at);
                 }
             }
+            None if follow && super::signals::stop_requested() => stopped = true,
             None if follow => {
                 // Nothing new: checkpoint if due, then wait for input.
                 for p in source.take_ended() {

@@ -14,6 +14,7 @@
 //! declarative description (one TOML file); the `km0` binary is the CLI edge.
 
 pub mod checkpoint;
+pub mod control;
 pub mod error;
 pub mod generate;
 pub mod job;

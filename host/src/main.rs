@@ -36,6 +36,10 @@ struct RunArgs {
     /// Do not recover from the pipeline's checkpoints: start from the beginning.
     #[arg(long)]
     no_recover: bool,
+    /// The control API's address (`off`: none). Default 127.0.0.1:8081, skipped with a
+    /// warning when that port is taken.
+    #[arg(long, value_name = "ADDR|off")]
+    http: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -71,6 +75,32 @@ enum Command {
     Generate {
         #[command(subcommand)]
         stream: Stream,
+    },
+    /// The status of a running job (its control API at URL, e.g. http://127.0.0.1:8081).
+    Status {
+        #[arg(long, value_name = "URL")]
+        job: String,
+        /// Print the JSON (counters under the run summary's names).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask a running job for a savepoint; prints its path.
+    Savepoint {
+        #[arg(long, value_name = "URL")]
+        job: String,
+        /// The job's token (default: $KM0_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+    },
+    /// Stop a running job: with a savepoint (default; prints its path) or `--drain`ing its
+    /// windows first.
+    Stop {
+        #[arg(long, value_name = "URL")]
+        job: String,
+        #[arg(long)]
+        drain: bool,
+        #[arg(long)]
+        token: Option<String>,
     },
     /// Measure events per CPU-second of a pipeline on a generated stream.
     Bench {
@@ -166,6 +196,48 @@ fn main() {
     }
 }
 
+/// Start the control API for a run (`--http`), unless it is `off`.
+fn control(pipeline: &Pipeline, http: Option<&str>) -> Result<Option<job::commands::ControlHandle>> {
+    let addr = match http {
+        Some("off") => return Ok(None),
+        Some(a) => a,
+        None => km0::control::DEFAULT_ADDR,
+    };
+    let parsed: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|e| km0::Error::Usage(format!("--http {addr}: not an address (HOST:PORT): {e}")))?;
+    // Beside the job's state folder (which a RocksDB start clears), not in it.
+    let token = km0::control::token_for(&parsed, &pipeline.state.dir.with_extension("token"))?;
+    let handle = job::commands::ControlHandle::new();
+    match km0::control::serve(parsed, token, handle.clone()) {
+        Ok(bound) => {
+            eprintln!("km0: control API on http://{bound}");
+            Ok(Some(handle))
+        }
+        Err(e) if http.is_none() => {
+            eprintln!("km0: warning: {e}; running without the control API (choose one with --http ADDR)");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The token for the control API's calls that change something.
+fn api_token(token: Option<String>) -> Option<String> {
+    token.or_else(|| std::env::var("KM0_TOKEN").ok()).filter(|t| !t.is_empty())
+}
+
+/// Print a control API reply, or fail with its error.
+fn api_reply(url: &str, (code, body): (u16, String)) -> Result<serde_json::Value> {
+    let value: serde_json::Value =
+        serde_json::from_str(&body).unwrap_or(serde_json::json!({ "error": body.trim() }));
+    if code != 200 {
+        let why = value["error"].as_str().unwrap_or("").to_string();
+        return Err(km0::Error::Usage(format!("the job at {url} answered {code}: {why}")).into());
+    }
+    Ok(value)
+}
+
 fn options(args: RunArgs, from_savepoint: Option<PathBuf>) -> RunOptions {
     RunOptions {
         input: args.input,
@@ -175,6 +247,7 @@ fn options(args: RunArgs, from_savepoint: Option<PathBuf>) -> RunOptions {
         from_savepoint,
         follow: args.follow.then_some(true),
         no_recover: args.no_recover,
+        control: None,
     }
 }
 
@@ -188,8 +261,70 @@ fn run(cli: Cli) -> Result<()> {
             let p = load(&pipeline)?;
             let runtime = PluginRuntime::new()?;
             job::signals::stop_with_savepoint_on_signals();
-            let summary = job::run(&p, &options(args, from_savepoint), &runtime)?;
+            let http = args.http.clone();
+            let mut opts = options(args, from_savepoint);
+            opts.control = control(&p, http.as_deref())?;
+            let summary = job::run(&p, &opts, &runtime);
+            if let Some(c) = &opts.control {
+                c.wait_for_answers();
+            }
+            let summary = summary?;
             print_summary(&summary);
+        }
+        Command::Status { job, json } => {
+            let v = api_reply(&job, km0::control::client::call(&job, "GET", "/api/v1/job", None)?)?;
+            if json {
+                println!("{v}");
+            } else {
+                let c = &v["counters"];
+                println!(
+                    "job {} ({}), up {:.1} s",
+                    v["pipeline"].as_str().unwrap_or("?"),
+                    v["state"].as_str().unwrap_or("?"),
+                    v["uptime_ms"].as_f64().unwrap_or(0.0) / 1e3
+                );
+                println!(
+                    "read {} filtered {} dead-lettered {} accepted {} late {} emitted {}",
+                    c["read"], c["filtered"], c["dead_lettered"], c["accepted"], c["late"], c["emitted"]
+                );
+                println!("watermark {}  checkpoints {}", v["watermark"], v["checkpoints"]);
+                for p in v["partitions"].as_array().into_iter().flatten() {
+                    println!(
+                        "  partition {}: max event time {}, idle {}, finished {}",
+                        p["name"].as_str().unwrap_or("?"),
+                        p["max_event_time"],
+                        p["idle"],
+                        p["finished"]
+                    );
+                }
+                for a in v["aggregations"].as_array().into_iter().flatten() {
+                    println!(
+                        "  aggregation {}: {} {} (contract {}), {} open windows, {} keys",
+                        a["name"].as_str().unwrap_or("?"),
+                        a["plugin"].as_str().unwrap_or("?"),
+                        a["plugin_version"].as_str().unwrap_or("?"),
+                        a["contract"].as_str().unwrap_or("?"),
+                        a["open_windows"],
+                        a["keys"]
+                    );
+                }
+            }
+        }
+        Command::Savepoint { job, token } => {
+            let token = api_token(token);
+            let v = api_reply(
+                &job,
+                km0::control::client::call(&job, "POST", "/api/v1/savepoints", token.as_deref())?,
+            )?;
+            println!("{}", v["path"].as_str().unwrap_or(""));
+        }
+        Command::Stop { job, drain, token } => {
+            let token = api_token(token);
+            let path = if drain { "/api/v1/stop?mode=drain" } else { "/api/v1/stop?mode=savepoint" };
+            let v = api_reply(&job, km0::control::client::call(&job, "POST", path, token.as_deref())?)?;
+            if let Some(sp) = v["savepoint"].as_str() {
+                println!("{sp}");
+            }
         }
         Command::Validate { pipeline } => {
             let p = load(&pipeline)?;
@@ -206,7 +341,14 @@ fn run(cli: Cli) -> Result<()> {
             let p = load(&pipeline)?;
             let runtime = PluginRuntime::new()?;
             job::signals::stop_with_savepoint_on_signals();
-            let summary = job::deploy(&p, &plugin, &from_savepoint, &options(args, None), &runtime)?;
+            let http = args.http.clone();
+            let mut opts = options(args, None);
+            opts.control = control(&p, http.as_deref())?;
+            let summary = job::deploy(&p, &plugin, &from_savepoint, &opts, &runtime);
+            if let Some(c) = &opts.control {
+                c.wait_for_answers();
+            }
+            let summary = summary?;
             for (aggregation, from, to) in &summary.migrated {
                 eprintln!("km0: aggregation {aggregation:?}: migrated state schema {from} -> {to}");
             }

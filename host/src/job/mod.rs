@@ -14,6 +14,7 @@
 //! [`WindowOperator`]: crate::window::operator::WindowOperator
 
 mod checkpoints;
+pub mod commands;
 mod route;
 mod runner;
 pub mod signals;
@@ -86,6 +87,8 @@ pub struct RunOptions {
     pub follow: Option<bool>,
     /// Start fresh even if the pipeline's checkpoint folder holds checkpoints.
     pub no_recover: bool,
+    /// The control API's port into the job (commands, status).
+    pub control: Option<commands::ControlHandle>,
 }
 
 /// One aggregation at the end of a run.

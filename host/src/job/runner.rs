@@ -3,6 +3,7 @@
 //! savepoint or the end of the input, and the run's summary.
 
 use super::checkpoints::{CheckpointStats, Checkpointer};
+use super::commands::{ControlHandle, JobStatus, StopMode, STATUS_EVERY};
 use super::route::Job;
 use super::*;
 
@@ -128,6 +129,13 @@ pub(super) fn start(
     let mut idle_loops = 0u32;
     let mut backpressure_pauses = 0u64;
     let mut lag_at = LagReport { every: Duration::from_secs(5), last: Instant::now() };
+    // The control API: commands taken between records, status published now and then.
+    let control = opts.control.clone();
+    let mut published = Instant::now() - STATUS_EVERY;
+    let mut stop_reply: Option<std::sync::mpsc::Sender<std::result::Result<Option<PathBuf>, String>>> = None;
+    let mut drain = false;
+    let mut last_savepoint: Option<PathBuf> = None;
+    let savepoint_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
     if let crate::pipeline::SourceSpec::Kafka(k) = &pipeline.source {
         lag_at.every = Duration::from_millis(k.lag_interval_ms as u64);
     }
@@ -154,6 +162,33 @@ pub(super) fn start(
                     }
                     job.check_deliveries()?;
                     report_lag(&source, &mut lag_at);
+                    if let Some(handle) = &control {
+                        let ctx = LoopControl {
+                            handle,
+                            pipeline,
+                            savepoint_dir: &savepoint_dir,
+                            t0,
+                            stats: &stats,
+                        };
+                        match ctx.serve(
+                            &mut job,
+                            &mut source,
+                            checkpoints.as_mut(),
+                            &mut published,
+                            &mut last_savepoint,
+                        )? {
+                            Some((StopMode::Savepoint, reply)) => {
+                                stopped = true;
+                                stop_reply = Some(reply);
+                            }
+                            Some((StopMode::Drain, reply)) => {
+                                drain = true;
+                                stop_reply = Some(reply);
+                                break;
+                            }
+                            None => {}
+                        }
+                    }
                 }
             }
             None if follow && super::signals::stop_requested() => stopped = true,
@@ -165,6 +200,29 @@ pub(super) fn start(
                 job.tick()?;
                 job.check_deliveries()?;
                 report_lag(&source, &mut lag_at);
+                if let Some(handle) = &control {
+                    let ctx =
+                        LoopControl { handle, pipeline, savepoint_dir: &savepoint_dir, t0, stats: &stats };
+                    match ctx.serve(
+                        &mut job,
+                        &mut source,
+                        checkpoints.as_mut(),
+                        &mut published,
+                        &mut last_savepoint,
+                    )? {
+                        Some((StopMode::Savepoint, reply)) => {
+                            stopped = true;
+                            stop_reply = Some(reply);
+                            continue;
+                        }
+                        Some((StopMode::Drain, reply)) => {
+                            drain = true;
+                            stop_reply = Some(reply);
+                            break;
+                        }
+                        None => {}
+                    }
+                }
                 if let Some(c) = checkpoints.as_mut() {
                     c.completed(&mut job, &source, false)?;
                     if c.due_by_time() {
@@ -182,28 +240,17 @@ pub(super) fn start(
     if let Some(c) = checkpoints.as_mut() {
         c.completed(&mut job, &source, true)?;
     }
+    let _ = drain; // a drain ends like the input: every open window fires below
     let mut savepoint_path = None;
     let mut savepoint_pause = Duration::ZERO;
-    if stopped {
-        let dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
-        let path = dir.join(format!("savepoint-{:012}", source.records()));
-        let t = Instant::now();
-        let (meta, snapshots) = job.snapshot(pipeline, &source)?;
-        let captured = t.elapsed();
-        meta.sinks.iter().try_for_each(crate::sink::sync)?;
-        savepoint::write(&path, meta, &snapshots)?;
-        // The savepoint is durable: a transactional sink commits what it covers.
-        if let Some(out) = job.output.as_mut() {
-            out.checkpoint_complete()?;
-        }
-        savepoint_pause = t.elapsed();
-        tracing::debug!(
-            capture_ms = captured.as_millis() as u64,
-            total_ms = savepoint_pause.as_millis() as u64,
-            "savepoint timing"
-        );
-        tracing::info!(path = %path.display(), "savepoint written");
+    if let Some(handle) = &control {
+        set_state(handle, "stopping");
+    }
+    let ended = if stopped {
+        let (path, pause) = write_savepoint(&mut job, pipeline, &source, &savepoint_dir)?;
+        savepoint_pause = pause;
         savepoint_path = Some(path);
+        Ok(())
     } else {
         // End of a bounded input: every open window fires.
         for op in &mut job.ops {
@@ -225,6 +272,17 @@ pub(super) fn start(
         }
         // Everything read is in the sinks: show it to the consumer group.
         source.checkpoint_complete(&source.position());
+        Ok::<(), crate::Error>(())
+    };
+    if let Some(reply) = stop_reply {
+        let _ = reply.send(match &ended {
+            Ok(()) => Ok(savepoint_path.clone()),
+            Err(e) => Err(e.to_string()),
+        });
+    }
+    ended?;
+    if let Some(handle) = &control {
+        set_state(handle, "stopped");
     }
     let elapsed = t0.elapsed();
     let cpu = metrics::thread_cpu_time().saturating_sub(cpu0);
@@ -284,5 +342,146 @@ pub(super) fn report_lag(source: &Source, at: &mut LagReport) {
             high_watermark = l.high_watermark,
             "consumer lag"
         );
+    }
+}
+
+/// Write a savepoint of the job now (the sinks synced first; a transactional sink commits
+/// what it covers once it is durable). Returns its path and how long processing stopped.
+pub(super) fn write_savepoint(
+    job: &mut Job,
+    pipeline: &Pipeline,
+    source: &Source,
+    dir: &Path,
+) -> Result<(PathBuf, Duration)> {
+    let mut path = dir.join(format!("savepoint-{:012}", source.records()));
+    // Two savepoints at the same record (on demand, then at a stop) get their own folders.
+    let mut n = 1;
+    while path.exists() {
+        n += 1;
+        path = dir.join(format!("savepoint-{:012}-{n}", source.records()));
+    }
+    let t = Instant::now();
+    let (meta, snapshots) = job.snapshot(pipeline, source)?;
+    let captured = t.elapsed();
+    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+    savepoint::write(&path, meta, &snapshots)?;
+    // The savepoint is durable: a transactional sink commits what it covers.
+    if let Some(out) = job.output.as_mut() {
+        out.checkpoint_complete()?;
+    }
+    let pause = t.elapsed();
+    tracing::debug!(
+        capture_ms = captured.as_millis() as u64,
+        total_ms = pause.as_millis() as u64,
+        "savepoint timing"
+    );
+    tracing::info!(path = %path.display(), "savepoint written");
+    Ok((path, pause))
+}
+
+fn set_state(handle: &ControlHandle, state: &str) {
+    if let Ok(mut s) = handle.port.status.lock() {
+        s.state = state.to_string();
+    }
+}
+
+/// The loop's side of the control port.
+struct LoopControl<'a> {
+    handle: &'a ControlHandle,
+    pipeline: &'a Pipeline,
+    savepoint_dir: &'a Path,
+    t0: Instant,
+    stats: &'a CheckpointStats,
+}
+
+type StopReply = std::sync::mpsc::Sender<std::result::Result<Option<PathBuf>, String>>;
+
+impl LoopControl<'_> {
+    /// Take the commands waiting (a savepoint is written at once; a stop is returned to
+    /// the loop) and publish the status when due.
+    fn serve(
+        &self,
+        job: &mut Job,
+        source: &mut Source,
+        checkpoints: Option<&mut Checkpointer>,
+        published: &mut Instant,
+        last_savepoint: &mut Option<PathBuf>,
+    ) -> Result<Option<(StopMode, StopReply)>> {
+        let mut checkpoints = checkpoints;
+        let mut stop = None;
+        loop {
+            let command = match self.handle.port.commands.lock() {
+                Ok(rx) => rx.try_recv().ok(),
+                Err(_) => None,
+            };
+            let Some(command) = command else { break };
+            match command {
+                super::commands::Command::Savepoint { reply } => {
+                    // A checkpoint being written completes first (sinks commit in order).
+                    if let Some(c) = checkpoints.as_deref_mut() {
+                        c.completed(job, source, true)?;
+                    }
+                    let written = write_savepoint(job, self.pipeline, source, self.savepoint_dir);
+                    match written {
+                        Ok((path, _)) => {
+                            *last_savepoint = Some(path.clone());
+                            let _ = reply.send(Ok(path));
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e.to_string()));
+                            return Err(e);
+                        }
+                    }
+                }
+                super::commands::Command::Stop { mode, reply } => {
+                    stop = Some((mode, reply));
+                    break;
+                }
+            }
+        }
+        if published.elapsed() >= STATUS_EVERY || stop.is_some() {
+            *published = Instant::now();
+            let status =
+                self.status(job, last_savepoint.clone(), if stop.is_some() { "stopping" } else { "running" });
+            if let Ok(mut s) = self.handle.port.status.lock() {
+                *s = status;
+            }
+        }
+        Ok(stop)
+    }
+
+    fn status(&self, job: &Job, last_savepoint: Option<PathBuf>, state: &str) -> JobStatus {
+        JobStatus {
+            state: state.to_string(),
+            pipeline: self.pipeline.name.clone(),
+            uptime_ms: self.t0.elapsed().as_millis() as u64,
+            counters: job.counters(),
+            watermark: job.watermarks.current(),
+            partitions: job
+                .watermarks
+                .partitions()
+                .iter()
+                .map(|p| super::commands::PartitionStatus {
+                    name: p.name.clone(),
+                    max_event_time: p.max_event_time,
+                    idle: p.idle,
+                    finished: p.finished,
+                })
+                .collect(),
+            aggregations: job
+                .ops
+                .iter()
+                .map(|op| super::commands::AggregationStatus {
+                    name: op.name().to_string(),
+                    plugin: op.identity().name.clone(),
+                    plugin_version: op.identity().version.clone(),
+                    contract: op.identity().contract.clone(),
+                    open_windows: op.open_slots(),
+                    keys: op.keys(),
+                })
+                .collect(),
+            checkpoints: self.stats.count,
+            last_savepoint,
+        }
     }
 }

@@ -1,0 +1,120 @@
+//! What reaches a running job from outside (the control API): commands, which the loop
+//! takes between two records, and the status it publishes a few times a second.
+
+use super::Counters;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How a stop ends the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Write a savepoint with the open windows (resume from it later).
+    Savepoint,
+    /// Fire every open window, as at the end of a bounded input.
+    Drain,
+}
+
+/// A command to a running job; the reply says what became of it.
+pub enum Command {
+    /// Write a savepoint now and go on.
+    Savepoint { reply: Sender<Result<PathBuf, String>> },
+    /// Stop; with a savepoint, its path.
+    Stop { mode: StopMode, reply: Sender<Result<Option<PathBuf>, String>> },
+}
+
+/// One partition's event-time clock.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionStatus {
+    pub name: String,
+    pub max_event_time: Option<i64>,
+    pub idle: bool,
+    pub finished: bool,
+}
+
+/// One aggregation.
+#[derive(Debug, Clone, Serialize)]
+pub struct AggregationStatus {
+    pub name: String,
+    pub plugin: String,
+    pub plugin_version: String,
+    pub contract: String,
+    pub open_windows: usize,
+    pub keys: usize,
+}
+
+/// What a running job looks like, published by its loop.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct JobStatus {
+    /// `starting`, `running`, `stopping`, `stopped`.
+    pub state: String,
+    pub pipeline: String,
+    pub uptime_ms: u64,
+    /// The run summary's counters (`read`, `filtered`, `accepted`, `late`, ...).
+    pub counters: Counters,
+    pub watermark: i64,
+    pub partitions: Vec<PartitionStatus>,
+    pub aggregations: Vec<AggregationStatus>,
+    pub checkpoints: u64,
+    pub last_savepoint: Option<PathBuf>,
+}
+
+/// The job's end of the control port: its commands and its published status.
+pub struct ControlPort {
+    pub commands: Mutex<Receiver<Command>>,
+    pub status: Arc<Mutex<JobStatus>>,
+}
+
+/// Shared by the job (which takes commands) and the API (which sends them).
+#[derive(Clone)]
+pub struct ControlHandle {
+    pub port: Arc<ControlPort>,
+    pub sender: Sender<Command>,
+    /// Calls waiting for a reply or still answering: the process waits for them before
+    /// it exits, so that the caller of a stop gets its answer.
+    pub answering: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::fmt::Debug for ControlHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ControlHandle")
+    }
+}
+
+impl ControlHandle {
+    pub fn new() -> ControlHandle {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let port = ControlPort {
+            commands: Mutex::new(receiver),
+            status: Arc::new(Mutex::new(JobStatus::default())),
+        };
+        ControlHandle { port: Arc::new(port), sender, answering: Arc::default() }
+    }
+
+    /// Wait (up to 2 s) until every call has been answered.
+    pub fn wait_for_answers(&self) {
+        use std::sync::atomic::Ordering;
+        let t = std::time::Instant::now();
+        while self.answering.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The last answer's bytes leave the socket right after its handler returns.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    /// The last published status.
+    pub fn status(&self) -> JobStatus {
+        self.port.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Default for ControlHandle {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How often the loop publishes its status.
+pub const STATUS_EVERY: Duration = Duration::from_millis(250);

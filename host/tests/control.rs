@@ -1,0 +1,223 @@
+//! The control API of a running job, with the real binary over real HTTP: status, a
+//! savepoint on demand, stop with a savepoint and stop draining the windows, the token,
+//! and the refusal to listen beyond loopback without one. Resuming from the savepoints
+//! gives the output of an uninterrupted run.
+
+mod common;
+use common::*;
+
+use km0::control::client::call;
+use km0::generate::{stock_stream, StockStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A stock-alert pipeline over a followed file in `dir`, outputs under `out`.
+fn pipeline(dir: &Path, out: &str) -> PathBuf {
+    let text = format!(
+        r#"
+name = "stock-alert"
+key = ["producto", "mercado"]
+[source]
+kind = "file"
+path = "live.jsonl"
+[filter]
+tipo = "stock.actualizado"
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = {plugin:?}
+[plugin.config]
+threshold = 10
+[sink]
+kind = "file"
+path = "{out}/alertas.jsonl"
+[late]
+path = "{out}/late.jsonl"
+[dead_letter]
+path = "{out}/dead.jsonl"
+[savepoints]
+dir = "{out}/savepoints"
+"#,
+        plugin = plugin("min-stock").display().to_string(),
+    );
+    let path = dir.join(format!("{out}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn start(job: &Path, port: u16, token: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--follow", "--http", &format!("127.0.0.1:{port}")])
+        .arg(job)
+        .env("KM0_TOKEN", token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+fn outputs(dir: &Path, out: &str) -> Vec<String> {
+    ["alertas.jsonl", "late.jsonl", "dead.jsonl"]
+        .iter()
+        .map(|f| std::fs::read_to_string(dir.join(out).join(f)).unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = StockStream { events: 60_000, seed: 31, late_fraction: 0.004, ..Default::default() };
+    let mut all = Vec::new();
+    stock_stream(&spec, &mut all).unwrap();
+    let text = String::from_utf8(all).unwrap();
+    let first: String = text.lines().take(30_000).map(|l| format!("{l}\n")).collect();
+    std::fs::write(dir.path().join("live.jsonl"), &first).unwrap();
+    let job = pipeline(dir.path(), "out");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start(&job, port, "s3cret");
+    wait_for("the job reads the first half", || {
+        call(&url, "GET", "/api/v1/job", None)
+            .is_ok_and(|(c, b)| c == 200 && json(&b)["counters"]["read"] == 30_000)
+    });
+    let (code, _) = call(&url, "GET", "/healthz", None).unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(call(&url, "GET", "/readyz", None).unwrap().0, 200);
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    assert_eq!(status["state"], "running");
+    assert_eq!(status["pipeline"], "stock-alert");
+    assert_eq!(status["aggregations"][0]["plugin"], "min-stock");
+    assert!(status["aggregations"][0]["open_windows"].as_u64().unwrap() > 0);
+    assert_eq!(status["partitions"].as_array().unwrap().len(), 1);
+
+    // Changing anything needs the token: without it, or with another, 401 and nothing done.
+    for token in [None, Some("wrong")] {
+        let (code, body) = call(&url, "POST", "/api/v1/savepoints", token).unwrap();
+        assert_eq!(code, 401, "{body}");
+        let (code, _) = call(&url, "POST", "/api/v1/stop", token).unwrap();
+        assert_eq!(code, 401);
+    }
+    assert!(!dir.path().join("out/savepoints").exists(), "no savepoint was written");
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=later", Some("s3cret")).unwrap().0, 400);
+
+    // A savepoint on demand; the job goes on.
+    let (code, body) = call(&url, "POST", "/api/v1/savepoints", Some("s3cret")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let on_demand = PathBuf::from(json(&body)["path"].as_str().unwrap());
+    assert!(on_demand.join("savepoint.json").exists());
+    assert_eq!(json(&call(&url, "GET", "/api/v1/job", None).unwrap().1)["state"], "running");
+
+    // The rest of the input arrives; stop with a savepoint (the CLI client).
+    std::fs::write(dir.path().join("live.jsonl"), &text).unwrap();
+    wait_for("the job reads the rest", || {
+        call(&url, "GET", "/api/v1/job", None).is_ok_and(|(_, b)| json(&b)["counters"]["read"] == 60_000)
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["stop", "--job", &url])
+        .env("KM0_TOKEN", "s3cret")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let at_stop = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let run = child.wait_with_output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(Path::new(&at_stop).join("savepoint.json").exists(), "{at_stop}");
+
+    // The uninterrupted run.
+    let reference = dir.path().join("ref.toml");
+    std::fs::write(&reference, std::fs::read_to_string(&job).unwrap().replace("out/", "ref/")).unwrap();
+    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--http", "off"])
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert!(r.status.success());
+    // Resuming from the savepoint taken at the stop ends like the uninterrupted run.
+    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--http", "off"])
+        .arg(&job)
+        .args(["--from-savepoint", &at_stop])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(outputs(dir.path(), "out") == outputs(dir.path(), "ref"), "resumed output differs");
+    // So does resuming from the one taken on demand (its outputs are rewritten after it).
+    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--http", "off"])
+        .arg(&job)
+        .args(["--from-savepoint", &on_demand.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(outputs(dir.path(), "out") == outputs(dir.path(), "ref"), "resumed output differs");
+}
+
+#[test]
+fn stop_with_drain_fires_every_window_like_the_end_of_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = StockStream { events: 20_000, seed: 32, ..Default::default() };
+    let mut all = Vec::new();
+    stock_stream(&spec, &mut all).unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), &all).unwrap();
+    let job = pipeline(dir.path(), "out");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start(&job, port, "t");
+    wait_for("the job reads its input", || {
+        call(&url, "GET", "/api/v1/job", None)
+            .is_ok_and(|(c, b)| c == 200 && json(&b)["counters"]["read"] == 20_000)
+    });
+    let (code, body) = call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(json(&body)["savepoint"].is_null());
+    assert!(child.wait_with_output().unwrap().status.success());
+    let reference = dir.path().join("ref.toml");
+    std::fs::write(&reference, std::fs::read_to_string(&job).unwrap().replace("out/", "ref/")).unwrap();
+    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--http", "off"])
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert!(r.status.success());
+    assert!(
+        outputs(dir.path(), "out") == outputs(dir.path(), "ref"),
+        "a drained stop ends like the input's end"
+    );
+}
+
+#[test]
+fn listening_beyond_loopback_needs_an_explicit_token() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), "").unwrap();
+    let job = pipeline(dir.path(), "out");
+    let out = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--http", "0.0.0.0:0"])
+        .arg(&job)
+        .env_remove("KM0_TOKEN")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("set KM0_TOKEN"), "{err}");
+}

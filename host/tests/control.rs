@@ -16,42 +16,9 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// A stock-alert pipeline over a followed file in `dir`, outputs under `out`.
+/// A stock-alert pipeline over the followed file `dir/live.jsonl`, outputs under `out`.
 fn pipeline(dir: &Path, out: &str) -> PathBuf {
-    let text = format!(
-        r#"
-name = "stock-alert"
-key = ["producto", "mercado"]
-[source]
-kind = "file"
-path = "live.jsonl"
-[filter]
-tipo = "stock.actualizado"
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = {plugin:?}
-[plugin.config]
-threshold = 10
-[sink]
-kind = "file"
-path = "{out}/alertas.jsonl"
-[late]
-path = "{out}/late.jsonl"
-[dead_letter]
-path = "{out}/dead.jsonl"
-[savepoints]
-dir = "{out}/savepoints"
-"#,
-        plugin = plugin("min-stock").display().to_string(),
-    );
-    let path = dir.join(format!("{out}.toml"));
-    std::fs::write(&path, text).unwrap();
-    path
+    stock_pipeline(dir, &dir.join("live.jsonl"), out, "")
 }
 
 fn start(job: &Path, port: u16, token: &str) -> Child {
@@ -75,13 +42,6 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
-}
-
-fn outputs(dir: &Path, out: &str) -> Vec<String> {
-    ["alertas.jsonl", "late.jsonl", "dead.jsonl"]
-        .iter()
-        .map(|f| std::fs::read_to_string(dir.join(out).join(f)).unwrap_or_default())
-        .collect()
 }
 
 #[test]
@@ -161,7 +121,7 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
         .output()
         .unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert!(outputs(dir.path(), "out") == outputs(dir.path(), "ref"), "resumed output differs");
+    assert!(stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "ref"), "resumed output differs");
     // So does resuming from the one taken on demand (its outputs are rewritten after it).
     let r = Command::new(env!("CARGO_BIN_EXE_km0"))
         .args(["run", "--http", "off"])
@@ -170,7 +130,7 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
         .output()
         .unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert!(outputs(dir.path(), "out") == outputs(dir.path(), "ref"), "resumed output differs");
+    assert!(stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "ref"), "resumed output differs");
 }
 
 #[test]
@@ -201,7 +161,7 @@ fn stop_with_drain_fires_every_window_like_the_end_of_the_input() {
         .unwrap();
     assert!(r.status.success());
     assert!(
-        outputs(dir.path(), "out") == outputs(dir.path(), "ref"),
+        stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "ref"),
         "a drained stop ends like the input's end"
     );
 }

@@ -7,6 +7,7 @@
 mod common;
 use common::*;
 
+use common::{stock_outputs as outputs, stock_pipeline as pipeline};
 use km0::generate::{stock_stream, StockStream};
 use km0::job::{self, RunOptions};
 use km0::pipeline::Pipeline;
@@ -15,51 +16,6 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A stock-alert pipeline over `input` writing under `out/`, with checkpoints.
-fn pipeline(dir: &Path, input: &Path, out: &str, checkpoints: &str) -> PathBuf {
-    let text = format!(
-        r#"
-name = "stock-alert"
-key = ["producto", "mercado"]
-[source]
-kind = "file"
-path = {input:?}
-[filter]
-tipo = "stock.actualizado"
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = {plugin:?}
-[plugin.config]
-threshold = 10
-[sink]
-kind = "file"
-path = "{out}/alertas.jsonl"
-[late]
-path = "{out}/late.jsonl"
-[dead_letter]
-path = "{out}/dead.jsonl"
-{checkpoints}
-"#,
-        input = input.display().to_string(),
-        plugin = plugin("min-stock").display().to_string(),
-    );
-    let path = dir.join(format!("{out}.toml"));
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-fn outputs(dir: &Path, out: &str) -> Vec<String> {
-    ["alertas.jsonl", "late.jsonl", "dead.jsonl"]
-        .iter()
-        .map(|f| std::fs::read_to_string(dir.join(out).join(f)).unwrap_or_default())
-        .collect()
-}
 
 /// Small deterministic generator for kill delays.
 struct Lcg(u64);

@@ -133,13 +133,34 @@ pub(super) fn start(
     let control = opts.control.clone();
     let mut published = Instant::now() - STATUS_EVERY;
     let mut stop_reply: Option<std::sync::mpsc::Sender<std::result::Result<Option<PathBuf>, String>>> = None;
-    let mut drain = false;
     let mut last_savepoint: Option<PathBuf> = None;
     let savepoint_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
     if let crate::pipeline::SourceSpec::Kafka(k) = &pipeline.source {
         lag_at.every = Duration::from_millis(k.lag_interval_ms as u64);
     }
+    // Commands are taken every 1024 records and whenever the source has nothing.
+    let mut take_commands = false;
     while !stopped {
+        if std::mem::take(&mut take_commands) {
+            if let Some(handle) = &control {
+                let ctx = LoopControl { handle, pipeline, savepoint_dir: &savepoint_dir, t0, stats: &stats };
+                let stop = ctx.serve(
+                    &mut job,
+                    &mut source,
+                    checkpoints.as_mut(),
+                    &mut published,
+                    &mut last_savepoint,
+                )?;
+                if let Some((mode, reply)) = stop {
+                    stop_reply = Some(reply);
+                    match mode {
+                        StopMode::Savepoint => stopped = true,
+                        StopMode::Drain => break,
+                    }
+                    continue;
+                }
+            }
+        }
         match source.next_record()? {
             Some((record, pos)) => {
                 job.on_record(record, pos)?;
@@ -162,33 +183,7 @@ pub(super) fn start(
                     }
                     job.check_deliveries()?;
                     report_lag(&source, &mut lag_at);
-                    if let Some(handle) = &control {
-                        let ctx = LoopControl {
-                            handle,
-                            pipeline,
-                            savepoint_dir: &savepoint_dir,
-                            t0,
-                            stats: &stats,
-                        };
-                        match ctx.serve(
-                            &mut job,
-                            &mut source,
-                            checkpoints.as_mut(),
-                            &mut published,
-                            &mut last_savepoint,
-                        )? {
-                            Some((StopMode::Savepoint, reply)) => {
-                                stopped = true;
-                                stop_reply = Some(reply);
-                            }
-                            Some((StopMode::Drain, reply)) => {
-                                drain = true;
-                                stop_reply = Some(reply);
-                                break;
-                            }
-                            None => {}
-                        }
-                    }
+                    take_commands = true;
                 }
             }
             None if follow && super::signals::stop_requested() => stopped = true,
@@ -200,29 +195,7 @@ pub(super) fn start(
                 job.tick()?;
                 job.check_deliveries()?;
                 report_lag(&source, &mut lag_at);
-                if let Some(handle) = &control {
-                    let ctx =
-                        LoopControl { handle, pipeline, savepoint_dir: &savepoint_dir, t0, stats: &stats };
-                    match ctx.serve(
-                        &mut job,
-                        &mut source,
-                        checkpoints.as_mut(),
-                        &mut published,
-                        &mut last_savepoint,
-                    )? {
-                        Some((StopMode::Savepoint, reply)) => {
-                            stopped = true;
-                            stop_reply = Some(reply);
-                            continue;
-                        }
-                        Some((StopMode::Drain, reply)) => {
-                            drain = true;
-                            stop_reply = Some(reply);
-                            break;
-                        }
-                        None => {}
-                    }
-                }
+                take_commands = true;
                 if let Some(c) = checkpoints.as_mut() {
                     c.completed(&mut job, &source, false)?;
                     if c.due_by_time() {
@@ -240,7 +213,7 @@ pub(super) fn start(
     if let Some(c) = checkpoints.as_mut() {
         c.completed(&mut job, &source, true)?;
     }
-    let _ = drain; // a drain ends like the input: every open window fires below
+    // A stop that drains ends like the input: every open window fires below.
     let mut savepoint_path = None;
     let mut savepoint_pause = Duration::ZERO;
     if let Some(handle) = &control {

@@ -181,3 +181,42 @@ fn listening_beyond_loopback_needs_an_explicit_token() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("set KM0_TOKEN"), "{err}");
 }
+
+#[test]
+fn the_checkpoint_history_shows_each_checkpoint_of_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = StockStream { events: 30_000, seed: 33, ..Default::default() };
+    let mut all = Vec::new();
+    stock_stream(&spec, &mut all).unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), &all).unwrap();
+    let job = stock_pipeline(
+        dir.path(),
+        &dir.path().join("live.jsonl"),
+        "out",
+        "[checkpoints]\ndir = \"chk\"\ninterval = \"1h\"\nevery_records = 10000",
+    );
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start(&job, port, "t");
+    // Checkpoints after 10k, 20k and 30k records.
+    wait_for("three checkpoints complete", || {
+        call(&url, "GET", "/api/v1/checkpoints", None).is_ok_and(|(c, b)| {
+            c == 200
+                && json(&b)
+                    .as_array()
+                    .is_some_and(|a| a.len() == 3 && a.iter().all(|c| c["status"] == "complete"))
+        })
+    });
+    let history = json(&call(&url, "GET", "/api/v1/checkpoints", None).unwrap().1);
+    let ids: Vec<&str> = history.as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["chk-000001", "chk-000002", "chk-000003"]);
+    for c in history.as_array().unwrap() {
+        assert!(dir.path().join("chk").join(c["id"].as_str().unwrap()).exists(), "{c}");
+        assert!(c["pause_ms"].as_f64().unwrap() >= 0.0 && c["write_ms"].as_f64().unwrap() >= 0.0, "{c}");
+        assert!(c["taken_at_ms"].as_i64().unwrap() > 1_700_000_000_000);
+    }
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    assert_eq!(status["checkpoints"], 3);
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap().0, 200);
+    assert!(child.wait_with_output().unwrap().status.success());
+}

@@ -4,7 +4,10 @@
 //!
 //! `/api/v1`, JSON:
 //! - `GET /healthz` (the process answers), `GET /readyz` (the job is running);
-//! - `GET /api/v1/job`: state, uptime, counters, watermark and partitions, aggregations;
+//! - `GET /api/v1/job`: state, uptime, counters, watermark and partitions, aggregations,
+//!   the newest checkpoints;
+//! - `GET /api/v1/checkpoints`: the newest checkpoints (id, when, pause, write time,
+//!   status);
 //! - `POST /api/v1/savepoints`: write a savepoint now, reply with its path;
 //! - `POST /api/v1/stop?mode=savepoint|drain`: stop with a savepoint (the default), or
 //!   after firing every open window.
@@ -109,6 +112,7 @@ fn router(api: Api) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/api/v1/job", get(job))
+        .route("/api/v1/checkpoints", get(checkpoints))
         .route("/api/v1/savepoints", post(savepoint))
         .route("/api/v1/stop", post(stop))
         .with_state(api)
@@ -140,6 +144,10 @@ async fn readyz(State(api): State<Api>) -> Response {
 
 async fn job(State(api): State<Api>) -> Response {
     Json(api.handle.status()).into_response()
+}
+
+async fn checkpoints(State(api): State<Api>) -> Response {
+    Json(api.handle.status().checkpoint_history).into_response()
 }
 
 /// Send a command and wait (off the runtime's thread) for the job's reply.

@@ -35,6 +35,8 @@ pub(super) struct Checkpointer {
     pub(super) writing: Option<(std::thread::JoinHandle<Result<()>>, u64, SourcePosition)>,
     /// Wait for every checkpoint before going on (the sink commits at completion).
     pub(super) synchronous: bool,
+    /// The newest checkpoints of this run, for the control API.
+    pub(super) history: std::collections::VecDeque<(super::commands::CheckpointInfo, Instant)>,
 }
 
 impl Checkpointer {
@@ -95,10 +97,24 @@ impl Checkpointer {
             }
         };
         self.writing = Some((writer, n, position));
+        let info = super::commands::CheckpointInfo {
+            id: format!("chk-{n:06}"),
+            taken_at_ms: metrics::now_ms(),
+            pause_ms: t.elapsed().as_secs_f64() * 1e3,
+            write_ms: None,
+            status: "writing".into(),
+        };
+        if self.history.len() == super::commands::CHECKPOINT_HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back((info, t));
         if self.synchronous {
             self.completed(job, source, true)?;
         }
         let pause = t.elapsed();
+        if let Some((info, _)) = self.history.back_mut() {
+            info.pause_ms = pause.as_secs_f64() * 1e3;
+        }
         self.next += 1;
         self.last = Instant::now();
         self.records_at_last = source.records();
@@ -114,7 +130,15 @@ impl Checkpointer {
             return Ok(());
         }
         let Some((h, n, position)) = self.writing.take() else { return Ok(()) };
-        h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into()))??;
+        let written =
+            h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into())).and_then(|r| r);
+        if let Some((info, taken)) =
+            self.history.iter_mut().rev().find(|(i, _)| i.id == format!("chk-{n:06}"))
+        {
+            info.status = if written.is_ok() { "complete" } else { "failed" }.into();
+            info.write_ms = Some(taken.elapsed().as_secs_f64() * 1e3);
+        }
+        written?;
         source.checkpoint_complete(&position);
         if let Some(out) = job.output.as_mut() {
             out.checkpoint_complete()?;

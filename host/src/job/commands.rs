@@ -45,6 +45,21 @@ pub struct AggregationStatus {
     pub keys: usize,
 }
 
+/// One checkpoint of this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointInfo {
+    /// Its folder in the checkpoint store (`chk-000001`).
+    pub id: String,
+    /// When it was taken, epoch ms.
+    pub taken_at_ms: i64,
+    /// How long processing stopped to capture it.
+    pub pause_ms: f64,
+    /// From capture to durable (when complete).
+    pub write_ms: Option<f64>,
+    /// `writing`, `complete` or `failed`.
+    pub status: String,
+}
+
 /// What a running job looks like, published by its loop.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct JobStatus {
@@ -58,8 +73,13 @@ pub struct JobStatus {
     pub partitions: Vec<PartitionStatus>,
     pub aggregations: Vec<AggregationStatus>,
     pub checkpoints: u64,
+    /// The newest checkpoints of this run (at most [`CHECKPOINT_HISTORY`]), oldest first.
+    pub checkpoint_history: Vec<CheckpointInfo>,
     pub last_savepoint: Option<PathBuf>,
 }
+
+/// Checkpoints kept in a job's published history.
+pub const CHECKPOINT_HISTORY: usize = 50;
 
 /// The job's end of the control port: its commands and its published status.
 pub struct ControlPort {

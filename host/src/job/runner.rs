@@ -58,6 +58,7 @@ pub(super) fn start(
                 records_at_last: 0,
                 writing: None,
                 synchronous: false,
+                history: Default::default(),
             })
         }
         None => None,
@@ -414,8 +415,11 @@ impl LoopControl<'_> {
         }
         if published.elapsed() >= STATUS_EVERY || stop.is_some() {
             *published = Instant::now();
-            let status =
+            let mut status =
                 self.status(job, last_savepoint.clone(), if stop.is_some() { "stopping" } else { "running" });
+            if let Some(c) = checkpoints.as_deref() {
+                status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
+            }
             if let Ok(mut s) = self.handle.port.status.lock() {
                 *s = status;
             }
@@ -454,6 +458,7 @@ impl LoopControl<'_> {
                 })
                 .collect(),
             checkpoints: self.stats.count,
+            checkpoint_history: Vec::new(),
             last_savepoint,
         }
     }

@@ -40,6 +40,34 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// A generated stock stream of `events` records, as JSON lines.
+fn stream(events: u64, seed: u64) -> String {
+    let spec = StockStream { events, seed, late_fraction: 0.004, ..Default::default() };
+    let mut all = Vec::new();
+    stock_stream(&spec, &mut all).unwrap();
+    String::from_utf8(all).unwrap()
+}
+
+/// Wait until the job at `url` has read `records` records.
+fn wait_for_read(url: &str, records: u64) {
+    wait_for(&format!("the job reads {records} records"), || {
+        call(url, "GET", "/api/v1/job", None)
+            .is_ok_and(|(c, b)| c == 200 && json(&b)["counters"]["read"] == records)
+    });
+}
+
+/// One uninterrupted, bounded run of the same pipeline into `ref/`.
+fn reference_run(dir: &Path, job: &Path) {
+    let reference = dir.join("ref.toml");
+    std::fs::write(&reference, std::fs::read_to_string(job).unwrap().replace("out/", "ref/")).unwrap();
+    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--http", "off"])
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
@@ -47,20 +75,14 @@ fn json(body: &str) -> serde_json::Value {
 #[test]
 fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = StockStream { events: 60_000, seed: 31, late_fraction: 0.004, ..Default::default() };
-    let mut all = Vec::new();
-    stock_stream(&spec, &mut all).unwrap();
-    let text = String::from_utf8(all).unwrap();
+    let text = stream(60_000, 31);
     let first: String = text.lines().take(30_000).map(|l| format!("{l}\n")).collect();
     std::fs::write(dir.path().join("live.jsonl"), &first).unwrap();
     let job = pipeline(dir.path(), "out");
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let child = start(&job, port, "s3cret");
-    wait_for("the job reads the first half", || {
-        call(&url, "GET", "/api/v1/job", None)
-            .is_ok_and(|(c, b)| c == 200 && json(&b)["counters"]["read"] == 30_000)
-    });
+    wait_for_read(&url, 30_000);
     let (code, _) = call(&url, "GET", "/healthz", None).unwrap();
     assert_eq!(code, 200);
     assert_eq!(call(&url, "GET", "/readyz", None).unwrap().0, 200);
@@ -90,9 +112,7 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
 
     // The rest of the input arrives; stop with a savepoint (the CLI client).
     std::fs::write(dir.path().join("live.jsonl"), &text).unwrap();
-    wait_for("the job reads the rest", || {
-        call(&url, "GET", "/api/v1/job", None).is_ok_and(|(_, b)| json(&b)["counters"]["read"] == 60_000)
-    });
+    wait_for_read(&url, 60_000);
     let out = Command::new(env!("CARGO_BIN_EXE_km0"))
         .args(["stop", "--job", &url])
         .env("KM0_TOKEN", "s3cret")
@@ -105,14 +125,7 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
     assert!(Path::new(&at_stop).join("savepoint.json").exists(), "{at_stop}");
 
     // The uninterrupted run.
-    let reference = dir.path().join("ref.toml");
-    std::fs::write(&reference, std::fs::read_to_string(&job).unwrap().replace("out/", "ref/")).unwrap();
-    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
-        .args(["run", "--http", "off"])
-        .arg(&reference)
-        .output()
-        .unwrap();
-    assert!(r.status.success());
+    reference_run(dir.path(), &job);
     // Resuming from the savepoint taken at the stop ends like the uninterrupted run.
     let r = Command::new(env!("CARGO_BIN_EXE_km0"))
         .args(["run", "--http", "off"])
@@ -136,30 +149,17 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
 #[test]
 fn stop_with_drain_fires_every_window_like_the_end_of_the_input() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = StockStream { events: 20_000, seed: 32, ..Default::default() };
-    let mut all = Vec::new();
-    stock_stream(&spec, &mut all).unwrap();
-    std::fs::write(dir.path().join("live.jsonl"), &all).unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), stream(20_000, 32)).unwrap();
     let job = pipeline(dir.path(), "out");
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let child = start(&job, port, "t");
-    wait_for("the job reads its input", || {
-        call(&url, "GET", "/api/v1/job", None)
-            .is_ok_and(|(c, b)| c == 200 && json(&b)["counters"]["read"] == 20_000)
-    });
+    wait_for_read(&url, 20_000);
     let (code, body) = call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap();
     assert_eq!(code, 200, "{body}");
     assert!(json(&body)["savepoint"].is_null());
     assert!(child.wait_with_output().unwrap().status.success());
-    let reference = dir.path().join("ref.toml");
-    std::fs::write(&reference, std::fs::read_to_string(&job).unwrap().replace("out/", "ref/")).unwrap();
-    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
-        .args(["run", "--http", "off"])
-        .arg(&reference)
-        .output()
-        .unwrap();
-    assert!(r.status.success());
+    reference_run(dir.path(), &job);
     assert!(
         stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "ref"),
         "a drained stop ends like the input's end"
@@ -185,10 +185,7 @@ fn listening_beyond_loopback_needs_an_explicit_token() {
 #[test]
 fn the_checkpoint_history_shows_each_checkpoint_of_the_run() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = StockStream { events: 30_000, seed: 33, ..Default::default() };
-    let mut all = Vec::new();
-    stock_stream(&spec, &mut all).unwrap();
-    std::fs::write(dir.path().join("live.jsonl"), &all).unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), stream(30_000, 33)).unwrap();
     let job = stock_pipeline(
         dir.path(),
         &dir.path().join("live.jsonl"),

@@ -430,3 +430,73 @@ fn a_bounded_run_restarted_stops_where_it_would_have_stopped() {
     assert_eq!(resumed.counters.read as usize, total, "the resumed run stops at the first start's log ends");
     assert_eq!(resumed.records_this_run as usize, total - 8_000);
 }
+
+#[test]
+fn a_live_swap_on_a_kafka_source_gives_the_output_of_an_offline_deploy_at_the_same_record() {
+    use km0::control::client::{call, send};
+    let broker = Tansu::start();
+    let spec =
+        km0::generate::StockStream { events: 30_000, seed: 44, late_fraction: 0.004, ..Default::default() };
+    let mut all = Vec::new();
+    km0::generate::stock_stream(&spec, &mut all).unwrap();
+    let lines: Vec<&[u8]> = all.split(|&b| b == b'\n').filter(|l| !l.is_empty()).collect();
+    let half = lines.len() / 2;
+    let records = |ls: &[&[u8]]| ls.iter().map(|l| (0, None, l.to_vec())).collect::<Vec<_>>();
+    broker.create_topic("vivo", 1);
+    broker.produce("vivo", &records(&lines[..half]));
+
+    // The live job: Kafka in (unbounded), min-stock 0.1, checkpoints; v2 swapped in after
+    // the first half.
+    let dir = tempfile::tempdir().unwrap();
+    let source =
+        format!("kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"vivo\"\ngroup = \"km0-swap\"", broker.brokers);
+    let job = StockJob {
+        source,
+        extra: "[checkpoints]\ndir = \"out/checkpoints\"\ninterval = \"500ms\"".into(),
+        ..StockJob::new("2m", 10)
+    }
+    .write(dir.path());
+    let port = km0_e2e::services::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = Command::new(km0_bin())
+        .args(["run", "--http", &format!("127.0.0.1:{port}")])
+        .arg(&job)
+        .env("KM0_TOKEN", "t")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let read = |n: usize| {
+        km0_e2e::services::wait_for(&format!("{n} records read"), Duration::from_secs(60), || {
+            call(&url, "GET", "/api/v1/job", None).is_ok_and(|(c, b)| {
+                c == 200
+                    && serde_json::from_str::<serde_json::Value>(&b).unwrap()["counters"]["read"] == n as u64
+            })
+        })
+    };
+    read(half);
+    let v2 = std::fs::read(plugin("min-stock-v2")).unwrap();
+    let (code, body) = send(&url, "POST", "/api/v1/deployments", Some("t"), &v2).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let d: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((d["status"].as_str(), d["at_record"].as_u64()), (Some("swapped"), Some(half as u64)), "{d}");
+    broker.produce("vivo", &records(&lines[half..]));
+    read(lines.len());
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap().0, 200);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Offline, on the same records: stop with a savepoint at that record, deploy v2 from it.
+    let off = tempfile::tempdir().unwrap();
+    std::fs::write(off.path().join("in.jsonl"), &all).unwrap();
+    let p = km0::pipeline::Pipeline::load(&StockJob::new("2m", 10).write(off.path())).unwrap();
+    let runtime = PluginRuntime::new().unwrap();
+    let opts = RunOptions { stop_with_savepoint_after: Some(half as u64), ..Default::default() };
+    let stopped = job::run(&p, &opts, &runtime).unwrap();
+    let savepoint = stopped.savepoint.unwrap();
+    job::deploy(&p, &plugin("min-stock-v2"), &savepoint, &RunOptions::default(), &runtime).unwrap();
+    let results = |d: &Path| std::fs::read_to_string(d.join("out/alertas.jsonl")).unwrap();
+    let live = results(dir.path());
+    assert!(live.lines().count() > 50 && live.contains("suma_delta"));
+    assert!(live == results(off.path()), "the live swap on Kafka differs from the offline deploy");
+}

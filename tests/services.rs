@@ -22,7 +22,7 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
-fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
     let t = Instant::now();
     while !ready() {
         assert!(t.elapsed() < timeout, "{what} not ready after {timeout:?}");

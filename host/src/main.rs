@@ -55,14 +55,28 @@ enum Command {
     },
     /// Check a pipeline file and its plugin.
     Validate { pipeline: PathBuf },
-    /// Resume a savepoint with a new plugin version, migrating its state.
+    /// A new plugin version: swapped live into a running job (`--job URL`), or resumed
+    /// from a savepoint (`--from-savepoint DIR --pipeline FILE`); state is migrated.
     Deploy {
         /// The new plugin component.
         plugin: PathBuf,
-        #[arg(long, value_name = "DIR")]
-        from_savepoint: PathBuf,
-        #[arg(long)]
-        pipeline: PathBuf,
+        /// The running job's control API (e.g. http://127.0.0.1:8081).
+        #[arg(long, value_name = "URL")]
+        job: Option<String>,
+        /// Replace this aggregation's plugin only (default: every one whose plugin has
+        /// the new plugin's name).
+        #[arg(long, requires = "job")]
+        aggregation: Option<String>,
+        /// The job's token (default: $KM0_TOKEN).
+        #[arg(long, requires = "job")]
+        token: Option<String>,
+        /// Print the deploy's record as JSON.
+        #[arg(long, requires = "job")]
+        json: bool,
+        #[arg(long, value_name = "DIR", conflicts_with = "job")]
+        from_savepoint: Option<PathBuf>,
+        #[arg(long, conflicts_with = "job")]
+        pipeline: Option<PathBuf>,
         #[command(flatten)]
         args: RunArgs,
     },
@@ -197,7 +211,69 @@ fn main() {
 }
 
 /// Start the control API for a run (`--http`), unless it is `off`.
-fn control(pipeline: &Pipeline, http: Option<&str>) -> Result<Option<job::commands::ControlHandle>> {
+/// Run a job with its control API and the stop-on-signal handlers.
+fn serve_job(
+    p: &Pipeline,
+    args: RunArgs,
+    from_savepoint: Option<PathBuf>,
+    go: impl FnOnce(&Pipeline, &RunOptions, &PluginRuntime) -> km0::Result<job::Summary>,
+) -> Result<job::Summary> {
+    let runtime = std::sync::Arc::new(PluginRuntime::new()?);
+    job::signals::stop_with_savepoint_on_signals();
+    let http = args.http.clone();
+    let mut opts = options(args, from_savepoint);
+    opts.control = control(p, http.as_deref(), &runtime)?;
+    let summary = go(p, &opts, &runtime);
+    if let Some(c) = &opts.control {
+        c.wait_for_answers();
+    }
+    Ok(summary?)
+}
+
+/// A query string value, percent-encoded.
+fn query_escape(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A live deploy's record, readable.
+fn print_deployed(v: &serde_json::Value) {
+    let id = |p: &serde_json::Value| {
+        format!("{} {}", p["name"].as_str().unwrap_or("?"), p["version"].as_str().unwrap_or("?"))
+    };
+    let from: Vec<String> = v["from"].as_array().into_iter().flatten().map(id).collect();
+    println!(
+        "swapped {} -> {} in aggregation(s) {} at record {}",
+        from.join(", "),
+        id(&v["to"]),
+        v["aggregations"],
+        v["at_record"]
+    );
+    for m in v["migrated"].as_array().into_iter().flatten() {
+        println!("  aggregation {}: state schema {} -> {}", m[0], m[1], m[2]);
+    }
+    println!(
+        "  pause {:.1} ms (rollback savepoint {:.1} ms, swap {:.1} ms); prepared in {:.1} ms",
+        v["pause_ms"].as_f64().unwrap_or(0.0),
+        v["savepoint_ms"].as_f64().unwrap_or(0.0),
+        v["swap_ms"].as_f64().unwrap_or(0.0),
+        v["prepare_ms"].as_f64().unwrap_or(0.0)
+    );
+    println!("  rollback savepoint: {}", v["savepoint"].as_str().unwrap_or("-"));
+    if let Some(c) = v["checkpoint"].as_str() {
+        println!("  checkpoint after the swap: {c}");
+    }
+}
+
+fn control(
+    pipeline: &Pipeline,
+    http: Option<&str>,
+    runtime: &std::sync::Arc<PluginRuntime>,
+) -> Result<Option<job::commands::ControlHandle>> {
     let addr = match http {
         Some("off") => return Ok(None),
         Some(a) => a,
@@ -208,7 +284,8 @@ fn control(pipeline: &Pipeline, http: Option<&str>) -> Result<Option<job::comman
         .map_err(|e| km0::Error::Usage(format!("--http {addr}: not an address (HOST:PORT): {e}")))?;
     // Beside the job's state folder (which a RocksDB start clears), not in it.
     let token = km0::control::token_for(&parsed, &pipeline.state.dir.with_extension("token"))?;
-    let handle = job::commands::ControlHandle::new();
+    let mut handle = job::commands::ControlHandle::new();
+    handle.deployer = Some(std::sync::Arc::new(job::swap::Deployer::new(runtime.clone(), pipeline.clone())));
     match km0::control::serve(parsed, token, handle.clone()) {
         Ok(bound) => {
             eprintln!("km0: control API on http://{bound}");
@@ -259,16 +336,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run { pipeline, from_savepoint, args } => {
             let p = load(&pipeline)?;
-            let runtime = PluginRuntime::new()?;
-            job::signals::stop_with_savepoint_on_signals();
-            let http = args.http.clone();
-            let mut opts = options(args, from_savepoint);
-            opts.control = control(&p, http.as_deref())?;
-            let summary = job::run(&p, &opts, &runtime);
-            if let Some(c) = &opts.control {
-                c.wait_for_answers();
-            }
-            let summary = summary?;
+            let summary = serve_job(&p, args, from_savepoint, job::run)?;
             print_summary(&summary);
         }
         Command::Status { job, json } => {
@@ -337,18 +405,33 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Deploy { plugin, from_savepoint, pipeline, args } => {
-            let p = load(&pipeline)?;
-            let runtime = PluginRuntime::new()?;
-            job::signals::stop_with_savepoint_on_signals();
-            let http = args.http.clone();
-            let mut opts = options(args, None);
-            opts.control = control(&p, http.as_deref())?;
-            let summary = job::deploy(&p, &plugin, &from_savepoint, &opts, &runtime);
-            if let Some(c) = &opts.control {
-                c.wait_for_answers();
+        Command::Deploy { plugin, job: Some(url), aggregation, token, json, .. } => {
+            let bytes = std::fs::read(&plugin).with_context(|| format!("read {}", plugin.display()))?;
+            let path = match &aggregation {
+                Some(a) => format!("/api/v1/deployments?aggregation={}", query_escape(a)),
+                None => "/api/v1/deployments".to_string(),
+            };
+            let token = api_token(token);
+            let v =
+                api_reply(&url, km0::control::client::send(&url, "POST", &path, token.as_deref(), &bytes)?)?;
+            if json {
+                println!("{v:#}");
+            } else {
+                print_deployed(&v);
             }
-            let summary = summary?;
+        }
+        Command::Deploy { plugin, from_savepoint, pipeline, job: None, args, .. } => {
+            let (Some(from_savepoint), Some(pipeline)) = (from_savepoint, pipeline) else {
+                return Err(km0::Error::Usage(
+                    "deploy needs --job URL (a running job) or --from-savepoint DIR and --pipeline FILE"
+                        .into(),
+                )
+                .into());
+            };
+            let p = load(&pipeline)?;
+            let summary = serve_job(&p, args, None, |p, opts, runtime| {
+                job::deploy(p, &plugin, &from_savepoint, opts, runtime)
+            })?;
             for (aggregation, from, to) in &summary.migrated {
                 eprintln!("km0: aggregation {aggregation:?}: migrated state schema {from} -> {to}");
             }

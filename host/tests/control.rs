@@ -7,69 +7,12 @@ mod common;
 use common::*;
 
 use km0::control::client::call;
-use km0::generate::{stock_stream, StockStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use std::process::Command;
 
 /// A stock-alert pipeline over the followed file `dir/live.jsonl`, outputs under `out`.
 fn pipeline(dir: &Path, out: &str) -> PathBuf {
     stock_pipeline(dir, &dir.join("live.jsonl"), out, "")
-}
-
-fn start(job: &Path, port: u16, token: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_km0"))
-        .args(["run", "--follow", "--http", &format!("127.0.0.1:{port}")])
-        .arg(job)
-        .env("KM0_TOKEN", token)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(t.elapsed() < Duration::from_secs(30), "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A generated stock stream of `events` records, as JSON lines.
-fn stream(events: u64, seed: u64) -> String {
-    let spec = StockStream { events, seed, late_fraction: 0.004, ..Default::default() };
-    let mut all = Vec::new();
-    stock_stream(&spec, &mut all).unwrap();
-    String::from_utf8(all).unwrap()
-}
-
-/// Wait until the job at `url` has read `records` records.
-fn wait_for_read(url: &str, records: u64) {
-    wait_for(&format!("the job reads {records} records"), || {
-        call(url, "GET", "/api/v1/job", None)
-            .is_ok_and(|(c, b)| c == 200 && json(&b)["counters"]["read"] == records)
-    });
-}
-
-/// One uninterrupted, bounded run of the same pipeline into `ref/`.
-fn reference_run(dir: &Path, job: &Path) {
-    let reference = dir.join("ref.toml");
-    std::fs::write(&reference, std::fs::read_to_string(job).unwrap().replace("out/", "ref/")).unwrap();
-    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
-        .args(["run", "--http", "off"])
-        .arg(&reference)
-        .output()
-        .unwrap();
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-}
-
-fn json(body: &str) -> serde_json::Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 #[test]
@@ -81,7 +24,7 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
     let job = pipeline(dir.path(), "out");
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let child = start(&job, port, "s3cret");
+    let child = start_following(&job, port, "s3cret");
     wait_for_read(&url, 30_000);
     let (code, _) = call(&url, "GET", "/healthz", None).unwrap();
     assert_eq!(code, 200);
@@ -153,7 +96,7 @@ fn stop_with_drain_fires_every_window_like_the_end_of_the_input() {
     let job = pipeline(dir.path(), "out");
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let child = start(&job, port, "t");
+    let child = start_following(&job, port, "t");
     wait_for_read(&url, 20_000);
     let (code, body) = call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap();
     assert_eq!(code, 200, "{body}");
@@ -194,7 +137,7 @@ fn the_checkpoint_history_shows_each_checkpoint_of_the_run() {
     );
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let child = start(&job, port, "t");
+    let child = start_following(&job, port, "t");
     // Checkpoints after 10k, 20k and 30k records.
     wait_for("three checkpoints complete", || {
         call(&url, "GET", "/api/v1/checkpoints", None).is_ok_and(|(c, b)| {

@@ -1,6 +1,7 @@
 //! Snapshots of a job: savepoints (taken on request, stable format) and periodic
 //! checkpoints (the same snapshot, numbered, in a [`store::SnapshotStore`]).
 
+pub mod components;
 pub mod savepoint;
 pub mod store;
 

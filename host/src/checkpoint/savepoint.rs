@@ -224,8 +224,22 @@ fn temp_folder(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Write a savepoint into the new folder `dir`. `meta.state` is filled in here.
-pub fn write(dir: &Path, mut meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<SavepointMeta> {
+pub fn write(dir: &Path, meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<SavepointMeta> {
+    write_with(dir, meta, snapshots, &[])
+}
+
+/// [`write`], with the deployed plugin components the job runs (kept in
+/// `components/<sha256>.wasm`, see [`super::components`]).
+pub fn write_with(
+    dir: &Path,
+    mut meta: SavepointMeta,
+    snapshots: &[Snapshot],
+    components: &[super::components::Component],
+) -> Result<SavepointMeta> {
     let tmp = temp_folder(dir)?;
+    for c in components {
+        c.put(&tmp)?;
+    }
     let state = encode_state(snapshots);
     let state_sha = hex(&Sha256::digest(&state));
     let windows = snapshots.iter().map(|s| s.slots.len() as u64).sum();

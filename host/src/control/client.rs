@@ -9,6 +9,11 @@ use std::time::Duration;
 /// Send `method path` to the job at `url` (`http://host:port`); returns the status code
 /// and the body.
 pub fn call(url: &str, method: &str, path: &str, token: Option<&str>) -> Result<(u16, String)> {
+    send(url, method, path, token, &[])
+}
+
+/// [`call`] with a request body (`application/octet-stream`).
+pub fn send(url: &str, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> Result<(u16, String)> {
     let host = url.trim_end_matches('/').strip_prefix("http://").ok_or_else(|| {
         Error::Usage(format!("--job {url}: give the job's control address as http://HOST:PORT"))
     })?;
@@ -18,11 +23,20 @@ pub fn call(url: &str, method: &str, path: &str, token: Option<&str>) -> Result<
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/octet-stream\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
     )
     .map_err(fail)?;
+    // A server that refuses early (a wrong token, too large) may close before it has read
+    // the whole body: its answer is still there to read.
+    let sent = stream.write_all(body);
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).map_err(fail)?;
+    if let Err(e) = stream.read_to_end(&mut raw) {
+        if raw.is_empty() {
+            return Err(fail(sent.err().unwrap_or(e)));
+        }
+    }
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let code = head

@@ -10,7 +10,12 @@
 //!   status);
 //! - `POST /api/v1/savepoints`: write a savepoint now, reply with its path;
 //! - `POST /api/v1/stop?mode=savepoint|drain`: stop with a savepoint (the default), or
-//!   after firing every open window.
+//!   after firing every open window;
+//! - `POST /api/v1/deployments[?aggregation=NAME]`, the component's bytes as the body: a
+//!   live plugin swap ([`crate::job::swap`]); the reply is the deploy's record (the
+//!   record it happened at, its rollback savepoint, the checkpoint after it, the pause),
+//!   or a 4xx error saying why it was refused (the job goes on unchanged);
+//! - `GET /api/v1/deployments`: the deploy history of this run.
 //!
 //! Calls that change anything need `Authorization: Bearer TOKEN`: the token is `KM0_TOKEN`,
 //! or one generated at start into a file only its owner can read (its path is logged). A
@@ -108,6 +113,8 @@ pub fn serve(addr: SocketAddr, token: String, handle: ControlHandle) -> Result<S
 }
 
 fn router(api: Api) -> Router {
+    // Larger uploads are refused (413) before they are read whole.
+    let max_upload = api.handle.deployer.as_ref().map_or(0, |d| d.max_bytes);
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -115,6 +122,8 @@ fn router(api: Api) -> Router {
         .route("/api/v1/checkpoints", get(checkpoints))
         .route("/api/v1/savepoints", post(savepoint))
         .route("/api/v1/stop", post(stop))
+        .route("/api/v1/deployments", post(deploy).get(deployments))
+        .layer(axum::extract::DefaultBodyLimit::max(max_upload))
         .with_state(api)
 }
 
@@ -209,4 +218,72 @@ async fn stop(State(api): State<Api>, headers: HeaderMap, Query(q): Query<StopQu
         Ok(path) => Json(serde_json::json!({ "stopped": true, "savepoint": path })).into_response(),
         Err(r) => r,
     }
+}
+
+async fn deployments(State(api): State<Api>) -> Response {
+    Json(api.handle.status().deployments).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct DeployQuery {
+    aggregation: Option<String>,
+}
+
+/// A live deploy: prepare the component here (off the job's thread), then hand it to the
+/// job, which swaps it in between two records.
+async fn deploy(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    Query(q): Query<DeployQuery>,
+    body: axum::body::Bytes,
+) -> Response {
+    use std::sync::atomic::Ordering;
+    if !authorized(&api, &headers) {
+        return error(StatusCode::UNAUTHORIZED, "a valid `Authorization: Bearer TOKEN` is needed");
+    }
+    let Some(deployer) = api.handle.deployer.clone() else {
+        return error(StatusCode::NOT_IMPLEMENTED, "this job takes no live deploys");
+    };
+    if body.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "send the component's bytes as the request body");
+    }
+    if api.handle.deploying.swap(true, Ordering::SeqCst) {
+        return error(StatusCode::CONFLICT, "another deploy is under way; try again when it has finished");
+    }
+    struct Done(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::SeqCst);
+        }
+    }
+    let _done = Done(api.handle.deploying.clone());
+    let status = api.handle.status();
+    if status.state != "running" {
+        return error(StatusCode::SERVICE_UNAVAILABLE, format!("the job is {:?}, not running", status.state));
+    }
+    let running: Vec<String> = status.aggregations.iter().map(|a| a.plugin.clone()).collect();
+    let prepared = tokio::task::spawn_blocking(move || {
+        deployer.prepare(body.to_vec(), q.aggregation.as_deref(), &running)
+    })
+    .await;
+    let deployment = match prepared {
+        Ok(Ok(d)) => d,
+        Ok(Err(refused)) => return refusal(refused),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    if api.handle.sender.send(Command::Deploy { deployment, reply: tx }).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the job has stopped");
+    }
+    match tokio::task::spawn_blocking(move || rx.recv_timeout(COMMAND_TIMEOUT)).await {
+        Ok(Ok(Ok(deployed))) => Json(deployed).into_response(),
+        Ok(Ok(Err(refused))) => refusal(refused),
+        Ok(Err(_)) => error(StatusCode::SERVICE_UNAVAILABLE, "the job did not answer (stopped, or busy)"),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+fn refusal(refused: crate::job::commands::Refused) -> Response {
+    let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+    error(status, refused.reason)
 }

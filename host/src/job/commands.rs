@@ -23,6 +23,56 @@ pub enum Command {
     Savepoint { reply: Sender<Result<PathBuf, String>> },
     /// Stop; with a savepoint, its path.
     Stop { mode: StopMode, reply: Sender<Result<Option<PathBuf>, String>> },
+    /// Swap in a new plugin (prepared off the job's thread by [`super::swap::Deployer`]).
+    Deploy { deployment: super::swap::Deployment, reply: Sender<Result<Deployed, Refused>> },
+}
+
+/// A live deploy that was refused: why, and the HTTP status that says so.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    pub status: u16,
+    pub reason: String,
+}
+
+impl Refused {
+    pub fn new(status: u16, reason: impl Into<String>) -> Refused {
+        Refused { status, reason: reason.into() }
+    }
+}
+
+/// One entry of a job's deploy history.
+#[derive(Debug, Clone, Serialize)]
+pub struct Deployed {
+    /// 1, 2, ... in this run.
+    pub id: u64,
+    /// When the swap (or the refusal) happened, epoch ms.
+    pub at_ms: i64,
+    /// `swapped` or `refused`.
+    pub status: String,
+    /// Why it was refused.
+    pub reason: Option<String>,
+    /// The aggregations whose plugin was replaced.
+    pub aggregations: Vec<String>,
+    /// What ran before, per aggregation, and what runs now.
+    pub from: Vec<crate::plugin::PluginIdentity>,
+    pub to: crate::plugin::PluginIdentity,
+    /// State schema migrations done: (aggregation, from, to).
+    pub migrated: Vec<(String, u32, u32)>,
+    /// Records read when the swap happened: the new plugin sees every record after it.
+    pub at_record: u64,
+    /// The rollback point: a savepoint of the job just before the swap (old plugin).
+    pub savepoint: Option<PathBuf>,
+    /// The checkpoint taken just after the swap (new plugin); the reply comes once it is
+    /// durable, so a crash from then on recovers with the new plugin.
+    pub checkpoint: Option<String>,
+    /// The longest gap between two records around the swap: processing stopped this long.
+    pub pause_ms: f64,
+    /// Of which: the rollback savepoint, and migrating and loading the state.
+    pub savepoint_ms: f64,
+    pub swap_ms: f64,
+    /// Reading, compiling, instantiating and configuring the new plugin (off the job's
+    /// thread, while it ran).
+    pub prepare_ms: f64,
 }
 
 /// One partition's event-time clock.
@@ -76,6 +126,8 @@ pub struct JobStatus {
     /// The newest checkpoints of this run (at most [`CHECKPOINT_HISTORY`]), oldest first.
     pub checkpoint_history: Vec<CheckpointInfo>,
     pub last_savepoint: Option<PathBuf>,
+    /// Live deploys of this run (swapped or refused), oldest first.
+    pub deployments: Vec<Deployed>,
 }
 
 /// Checkpoints kept in a job's published history.
@@ -95,6 +147,10 @@ pub struct ControlHandle {
     /// Calls waiting for a reply or still answering: the process waits for them before
     /// it exits, so that the caller of a stop gets its answer.
     pub answering: Arc<std::sync::atomic::AtomicUsize>,
+    /// Prepares live deploys (none: the API refuses them).
+    pub deployer: Option<Arc<super::swap::Deployer>>,
+    /// A live deploy is being prepared or swapped: a second one is refused.
+    pub deploying: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for ControlHandle {
@@ -110,7 +166,13 @@ impl ControlHandle {
             commands: Mutex::new(receiver),
             status: Arc::new(Mutex::new(JobStatus::default())),
         };
-        ControlHandle { port: Arc::new(port), sender, answering: Arc::default() }
+        ControlHandle {
+            port: Arc::new(port),
+            sender,
+            answering: Arc::default(),
+            deployer: None,
+            deploying: Arc::default(),
+        }
     }
 
     /// Wait (up to 2 s) until every call has been answered.

@@ -9,19 +9,24 @@
 //! - [`runner`]: opening everything and the loop;
 //! - [`route`]: the job's state and what happens to one record (routing, side outputs,
 //!   snapshots and restores);
-//! - [`checkpoints`]: periodic checkpoints, taken between records.
+//! - [`checkpoints`]: periodic checkpoints, taken between records;
+//! - [`port`]: the loop's side of the control API (commands, status);
+//! - [`swap`]: live plugin deploys.
 //!
 //! [`WindowOperator`]: crate::window::operator::WindowOperator
 
 mod checkpoints;
 pub mod commands;
+mod port;
 mod route;
 mod runner;
 pub mod signals;
+pub mod swap;
 
 use route::Job;
 use runner::start;
 
+use crate::checkpoint::components::Component;
 use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile};
 use crate::checkpoint::store::{self, LocalStore, SnapshotStore};
 use crate::checkpoint::{OperatorMeta, Savepoint, SavepointMeta};
@@ -148,7 +153,6 @@ enum Upgrade {
 
 /// Run a pipeline (fresh, or resumed from `opts.from_savepoint`).
 pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<Summary> {
-    let plugins = load_plugins(pipeline, runtime, None)?;
     let t0 = Instant::now();
     let restore = match (&opts.from_savepoint, &pipeline.checkpoints) {
         (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
@@ -175,6 +179,7 @@ pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> R
         }
         _ => None,
     };
+    let plugins = load_plugins(pipeline, runtime, restore.as_ref().map(|r| &r.savepoint), None)?;
     start(pipeline, opts, plugins, restore, Upgrade::Resume, t0)
 }
 
@@ -196,9 +201,13 @@ pub fn deploy(
     runtime: &PluginRuntime,
 ) -> Result<Summary> {
     let restore = savepoint::read(from_savepoint)?;
+    let bytes = std::fs::read(plugin_path).map_err(|e| Error::io("read plugin", plugin_path, e))?;
+    let component = Component::new(bytes);
     // Only its name here: each aggregation it replaces configures it with its own
     // `[plugin.config]` and limits (load_plugins).
-    let (identity, _) = runtime.inspect(plugin_path).map_err(|e| Error::Deploy(format!("{e}")))?;
+    let label = plugin_path.display().to_string();
+    let (identity, _) =
+        runtime.inspect_bytes(&label, &component.bytes).map_err(|e| Error::Deploy(format!("{e}")))?;
     let name = identity.name;
     if !restore.meta.operators.iter().any(|o| o.plugin.name == name) {
         let held: Vec<&str> = restore.meta.operators.iter().map(|o| o.plugin.name.as_str()).collect();
@@ -206,38 +215,66 @@ pub fn deploy(
             "the savepoint holds state of plugin(s) {held:?}; plugin {name:?} is different logic and cannot take it"
         )));
     }
-    let plugins = load_plugins(pipeline, runtime, Some((plugin_path, &name, &restore)))?;
+    let plugins = load_plugins(pipeline, runtime, Some(&restore), Some((&label, &component, &name)))?;
     let restore = Restore { savepoint: restore, checkpoint: None };
     start(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now())
 }
 
-/// The plugin of every aggregation; with `deploy`, the new component replaces the
-/// plugins that the savepoint holds under its name.
+/// The plugin of every aggregation, and the deployed component it runs when that is not
+/// its pipeline file's. Resuming from a snapshot whose aggregation ran another component
+/// than the pipeline's file (a deploy), that component is used when the snapshot's
+/// savepoint folder or the checkpoint store holds it. With `deploy`, the new component
+/// replaces the plugins that the snapshot holds under its name.
 fn load_plugins(
     pipeline: &Pipeline,
     runtime: &PluginRuntime,
-    deploy: Option<(&Path, &str, &Savepoint)>,
-) -> Result<Vec<Plugin>> {
+    restore: Option<&Savepoint>,
+    deploy: Option<(&str, &Component, &str)>,
+) -> Result<Vec<(Plugin, Option<Component>)>> {
+    let chk_dir = pipeline.checkpoints.as_ref().map(|c| c.dir.as_path());
     pipeline
         .aggregations
         .iter()
         .map(|a| {
-            let replaced = deploy.filter(|(_, name, sp)| {
-                sp.meta.operators.iter().any(|o| o.id == a.name && o.plugin.name == *name)
-            });
-            match replaced {
-                Some((path, _, _)) => runtime
-                    .load_with(path, &a.plugin.config, a.plugin.limits)
-                    .map_err(|e| Error::Deploy(format!("{e}"))),
-                None => runtime.load_with(&a.plugin.path, &a.plugin.config, a.plugin.limits),
+            let saved = restore.and_then(|sp| sp.meta.operators.iter().find(|o| o.id == a.name));
+            let load = |label: &str, c: &Component| {
+                runtime.load_bytes(label, &c.bytes, &a.plugin.config, a.plugin.limits)
+            };
+            if let Some((label, c, name)) =
+                deploy.filter(|(_, _, name)| saved.is_some_and(|o| o.plugin.name == *name))
+            {
+                let _ = name;
+                let p = load(label, c).map_err(|e| Error::Deploy(format!("{e}")))?;
+                return Ok((p, Some(c.clone())));
             }
+            let bytes =
+                std::fs::read(&a.plugin.path).map_err(|e| Error::io("read plugin", &a.plugin.path, e))?;
+            let own = Component::new(bytes);
+            if let (Some(sp), Some(o)) = (restore, saved) {
+                if o.plugin.sha256 != own.sha256 {
+                    let mut dirs = vec![sp.path.as_path()];
+                    dirs.extend(chk_dir);
+                    if let Some((c, path)) = Component::find(&dirs, &o.plugin.sha256) {
+                        tracing::warn!(
+                            aggregation = %a.name,
+                            runs = %format!("{} {} ({})", o.plugin.name, o.plugin.version, path.display()),
+                            pipeline_names = %a.plugin.path.display(),
+                            "resuming with the plugin the job ran (deployed), not the pipeline file's"
+                        );
+                        let p = load(&path.display().to_string(), &c)?;
+                        return Ok((p, Some(c)));
+                    }
+                }
+            }
+            Ok((load(&a.plugin.path.display().to_string(), &own)?, None))
         })
         .collect()
 }
 
 /// Check a pipeline and its plugins without running anything.
 pub fn validate(pipeline: &Pipeline, runtime: &PluginRuntime) -> Result<Vec<PluginIdentity>> {
-    let plugins = load_plugins(pipeline, runtime, None)?;
+    let plugins: Vec<Plugin> =
+        load_plugins(pipeline, runtime, None, None)?.into_iter().map(|(p, _)| p).collect();
     let ids = plugins.iter().map(|p| p.identity().clone()).collect();
     Job::new(pipeline, plugins)?;
     Ok(ids)

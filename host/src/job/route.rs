@@ -4,6 +4,7 @@
 
 use super::runner::{report_lag, LagReport};
 use super::*;
+use crate::checkpoint::components::Component;
 use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
 
 /// The job's loop state.
@@ -34,6 +35,9 @@ pub(super) struct Job {
     pub(super) snapshot_id: String,
     /// [`results_fingerprint`] of this run.
     pub(super) fingerprint: String,
+    /// Per aggregation, the deployed component it runs instead of its pipeline file's
+    /// (kept with checkpoints and savepoints).
+    pub(super) components: Vec<Option<Component>>,
 }
 
 #[derive(Serialize)]
@@ -104,28 +108,14 @@ impl Job {
                 });
             }
         }
-        let fingerprint = results_fingerprint(pipeline, &plugins);
-        let (decoder, columns) = Decoder::new(pipeline, &plugins)?;
-        let prefixed = pipeline.aggregations.len() > 1;
-        let ops = pipeline
-            .aggregations
-            .iter()
-            .zip(plugins)
+        let refs: Vec<&Plugin> = plugins.iter().collect();
+        let fingerprint = results_fingerprint(pipeline, &refs);
+        let (decoder, columns) = Decoder::new(pipeline, &refs)?;
+        let ops = plugins
+            .into_iter()
             .zip(columns)
-            .map(|((a, plugin), cols)| {
-                let key_arity = pipeline.key.len();
-                let mut op = WindowOperator::new(
-                    &a.name,
-                    prefixed,
-                    &a.window,
-                    plugin,
-                    a.plugin.batch_size,
-                    key_arity,
-                    cols,
-                );
-                op.set_on_error(a.plugin.on_error);
-                op
-            })
+            .enumerate()
+            .map(|(i, (p, cols))| operator(pipeline, i, p, cols))
             .collect();
         let by_field = pipeline.source.partitioning().field.is_some();
         let idleness = idleness(pipeline);
@@ -148,6 +138,7 @@ impl Job {
             dead: None,
             snapshot_id: String::new(),
             fingerprint,
+            components: vec![None; pipeline.aggregations.len()],
         })
     }
 
@@ -496,21 +487,7 @@ impl Job {
             // take them).
             let fields = &op.plugin().info().fields;
             if let Some(bad) = snap.rows.iter().find(|r| !row_fits(&r.values, fields)) {
-                let want: Vec<String> =
-                    fields.iter().map(|f| format!("{} ({:?})", f.name, f.type_)).collect();
-                return Err(refuse(format!(
-                    "aggregation {:?}: the savepoint holds {} rows that plugin {} {} must take in order, with \
-                     {} values each (the first: {:?}), but its fields are [{}]: a plugin whose fields change \
-                     cannot take them; deploy it from a savepoint taken with no rows held (after the input \
-                     ends), or keep its fields",
-                    op.name(),
-                    snap.rows.len(),
-                    new.name,
-                    new.version,
-                    bad.values.len(),
-                    bad.values,
-                    want.join(", ")
-                )));
+                return Err(refuse(unfit_rows(op.name(), snap.rows.len(), op.plugin(), bad)));
             }
             let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
             if deploying {
@@ -649,6 +626,44 @@ impl Job {
     }
 }
 
+/// The window operator of aggregation `i`, running `plugin` over the decoder's `columns`.
+pub(super) fn operator(pipeline: &Pipeline, i: usize, plugin: Plugin, columns: Vec<usize>) -> WindowOperator {
+    let a = &pipeline.aggregations[i];
+    let prefixed = pipeline.aggregations.len() > 1;
+    let mut op = WindowOperator::new(
+        &a.name,
+        prefixed,
+        &a.window,
+        plugin,
+        a.plugin.batch_size,
+        pipeline.key.len(),
+        columns,
+    );
+    op.set_on_error(a.plugin.on_error);
+    op
+}
+
+/// Why `plugin` cannot take the `rows` rows held for aggregation `name` (`bad` among them).
+pub(super) fn unfit_rows(
+    name: &str,
+    rows: usize,
+    plugin: &Plugin,
+    bad: &crate::window::operator::SavedRow,
+) -> String {
+    let fields = &plugin.info().fields;
+    let want: Vec<String> = fields.iter().map(|f| format!("{} ({:?})", f.name, f.type_)).collect();
+    format!(
+        "aggregation {name:?}: {rows} rows are held that plugin {} {} must take in order, with {} values each \
+         (the first: {:?}), but its fields are [{}]: a plugin whose fields change cannot take them; deploy it \
+         when no rows are held (after the input ends), or keep its fields",
+        plugin.identity().name,
+        plugin.identity().version,
+        bad.values.len(),
+        bad.values,
+        want.join(", ")
+    )
+}
+
 /// Whether a held row's values fit a plugin's fields (number and types).
 pub(super) fn row_fits(values: &[crate::plugin::batch::Value], fields: &[crate::plugin::Field]) -> bool {
     use crate::plugin::{batch::Value, FieldType};
@@ -679,7 +694,7 @@ pub(super) fn new_snapshot_id() -> String {
 /// configuration, limits and fault policy. A replay with the same fingerprint over the same
 /// records gives the same results. (Written with `Debug`: a km0 of another version may
 /// compute another one, which only makes it refuse a replay it could have skipped.)
-pub(super) fn results_fingerprint(pipeline: &Pipeline, plugins: &[Plugin]) -> String {
+pub(super) fn results_fingerprint(pipeline: &Pipeline, plugins: &[&Plugin]) -> String {
     let mut text = format!(
         "{}|{:?}|{:?}|{:?}|{:?}",
         pipeline.state_fingerprint(),

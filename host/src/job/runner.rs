@@ -3,19 +3,22 @@
 //! savepoint or the end of the input, and the run's summary.
 
 use super::checkpoints::{CheckpointStats, Checkpointer};
-use super::commands::{ControlHandle, JobStatus, StopMode, STATUS_EVERY};
+use super::commands::{ControlHandle, StopMode};
+use super::port::LoopControl;
 use super::route::Job;
 use super::*;
 
 pub(super) fn start(
     pipeline: &Pipeline,
     opts: &RunOptions,
-    plugins: Vec<Plugin>,
+    plugins: Vec<(Plugin, Option<Component>)>,
     restore: Option<Restore>,
     upgrade: Upgrade,
     restore_started: Instant,
 ) -> Result<Summary> {
+    let (plugins, components): (Vec<Plugin>, Vec<Option<Component>>) = plugins.into_iter().unzip();
     let mut job = Job::new(pipeline, plugins)?;
+    job.components = components;
     if let Some(input) = &opts.input {
         // Another input is another run: it never replays an epoch of the pipeline's own.
         let text = format!("{}|input={}", job.fingerprint, input.display());
@@ -63,6 +66,12 @@ pub(super) fn start(
         }
         None => None,
     };
+    // A deployed component is stored before any checkpoint records it.
+    if let Some(c) = &checkpoints {
+        for component in job.components.iter().flatten() {
+            component.put(&c.spec.dir)?;
+        }
+    }
     if partitioning.field.is_none() && restore.is_none() {
         for p in 0..source.partitions() {
             job.watermarks.partition(&source.partition_name(p as u32));
@@ -132,10 +141,9 @@ pub(super) fn start(
     let mut lag_at = LagReport { every: Duration::from_secs(5), last: Instant::now() };
     // The control API: commands taken between records, status published now and then.
     let control = opts.control.clone();
-    let mut published = Instant::now() - STATUS_EVERY;
     let mut stop_reply: Option<std::sync::mpsc::Sender<std::result::Result<Option<PathBuf>, String>>> = None;
-    let mut last_savepoint: Option<PathBuf> = None;
     let savepoint_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
+    let mut port = control.as_ref().map(|h| LoopControl::new(h.clone(), savepoint_dir.clone(), t0));
     if let crate::pipeline::SourceSpec::Kafka(k) = &pipeline.source {
         lag_at.every = Duration::from_millis(k.lag_interval_ms as u64);
     }
@@ -143,15 +151,8 @@ pub(super) fn start(
     let mut take_commands = false;
     while !stopped {
         if std::mem::take(&mut take_commands) {
-            if let Some(handle) = &control {
-                let ctx = LoopControl { handle, pipeline, savepoint_dir: &savepoint_dir, t0, stats: &stats };
-                let stop = ctx.serve(
-                    &mut job,
-                    &mut source,
-                    checkpoints.as_mut(),
-                    &mut published,
-                    &mut last_savepoint,
-                )?;
+            if let Some(port) = port.as_mut() {
+                let stop = port.serve(pipeline, &mut job, &mut source, checkpoints.as_mut(), &mut stats)?;
                 if let Some((mode, reply)) = stop {
                     stop_reply = Some(reply);
                     match mode {
@@ -213,6 +214,9 @@ pub(super) fn start(
     }
     if let Some(c) = checkpoints.as_mut() {
         c.completed(&mut job, &source, true)?;
+    }
+    if let Some(port) = port.as_mut() {
+        port.answer_pending(checkpoints.as_ref());
     }
     // A stop that drains ends like the input: every open window fires below.
     let mut savepoint_path = None;
@@ -327,6 +331,28 @@ pub(super) fn write_savepoint(
     source: &Source,
     dir: &Path,
 ) -> Result<(PathBuf, Duration)> {
+    let t = Instant::now();
+    let (meta, snapshots) = job.snapshot(pipeline, source)?;
+    let captured = t.elapsed();
+    let path = store_savepoint(job, meta, &snapshots, source, dir)?;
+    let pause = t.elapsed();
+    tracing::debug!(
+        capture_ms = captured.as_millis() as u64,
+        total_ms = pause.as_millis() as u64,
+        "savepoint timing"
+    );
+    Ok((path, pause))
+}
+
+/// Write a snapshot just taken as a savepoint in `dir` (with the deployed components the
+/// job runs); a transactional sink then commits what it covers.
+pub(super) fn store_savepoint(
+    job: &mut Job,
+    meta: SavepointMeta,
+    snapshots: &[Snapshot],
+    source: &Source,
+    dir: &Path,
+) -> Result<PathBuf> {
     let mut path = dir.join(format!("savepoint-{:012}", source.records()));
     // Two savepoints at the same record (on demand, then at a stop) get their own folders.
     let mut n = 1;
@@ -334,132 +360,19 @@ pub(super) fn write_savepoint(
         n += 1;
         path = dir.join(format!("savepoint-{:012}-{n}", source.records()));
     }
-    let t = Instant::now();
-    let (meta, snapshots) = job.snapshot(pipeline, source)?;
-    let captured = t.elapsed();
     meta.sinks.iter().try_for_each(crate::sink::sync)?;
-    savepoint::write(&path, meta, &snapshots)?;
+    let components: Vec<_> = job.components.iter().flatten().cloned().collect();
+    savepoint::write_with(&path, meta, snapshots, &components)?;
     // The savepoint is durable: a transactional sink commits what it covers.
     if let Some(out) = job.output.as_mut() {
         out.checkpoint_complete()?;
     }
-    let pause = t.elapsed();
-    tracing::debug!(
-        capture_ms = captured.as_millis() as u64,
-        total_ms = pause.as_millis() as u64,
-        "savepoint timing"
-    );
     tracing::info!(path = %path.display(), "savepoint written");
-    Ok((path, pause))
+    Ok(path)
 }
 
-fn set_state(handle: &ControlHandle, state: &str) {
+pub(super) fn set_state(handle: &ControlHandle, state: &str) {
     if let Ok(mut s) = handle.port.status.lock() {
         s.state = state.to_string();
-    }
-}
-
-/// The loop's side of the control port.
-struct LoopControl<'a> {
-    handle: &'a ControlHandle,
-    pipeline: &'a Pipeline,
-    savepoint_dir: &'a Path,
-    t0: Instant,
-    stats: &'a CheckpointStats,
-}
-
-type StopReply = std::sync::mpsc::Sender<std::result::Result<Option<PathBuf>, String>>;
-
-impl LoopControl<'_> {
-    /// Take the commands waiting (a savepoint is written at once; a stop is returned to
-    /// the loop) and publish the status when due.
-    fn serve(
-        &self,
-        job: &mut Job,
-        source: &mut Source,
-        checkpoints: Option<&mut Checkpointer>,
-        published: &mut Instant,
-        last_savepoint: &mut Option<PathBuf>,
-    ) -> Result<Option<(StopMode, StopReply)>> {
-        let mut checkpoints = checkpoints;
-        let mut stop = None;
-        loop {
-            let command = match self.handle.port.commands.lock() {
-                Ok(rx) => rx.try_recv().ok(),
-                Err(_) => None,
-            };
-            let Some(command) = command else { break };
-            match command {
-                super::commands::Command::Savepoint { reply } => {
-                    // A checkpoint being written completes first (sinks commit in order).
-                    if let Some(c) = checkpoints.as_deref_mut() {
-                        c.completed(job, source, true)?;
-                    }
-                    let written = write_savepoint(job, self.pipeline, source, self.savepoint_dir);
-                    match written {
-                        Ok((path, _)) => {
-                            *last_savepoint = Some(path.clone());
-                            let _ = reply.send(Ok(path));
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(e.to_string()));
-                            return Err(e);
-                        }
-                    }
-                }
-                super::commands::Command::Stop { mode, reply } => {
-                    stop = Some((mode, reply));
-                    break;
-                }
-            }
-        }
-        if published.elapsed() >= STATUS_EVERY || stop.is_some() {
-            *published = Instant::now();
-            let mut status =
-                self.status(job, last_savepoint.clone(), if stop.is_some() { "stopping" } else { "running" });
-            if let Some(c) = checkpoints.as_deref() {
-                status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
-            }
-            if let Ok(mut s) = self.handle.port.status.lock() {
-                *s = status;
-            }
-        }
-        Ok(stop)
-    }
-
-    fn status(&self, job: &Job, last_savepoint: Option<PathBuf>, state: &str) -> JobStatus {
-        JobStatus {
-            state: state.to_string(),
-            pipeline: self.pipeline.name.clone(),
-            uptime_ms: self.t0.elapsed().as_millis() as u64,
-            counters: job.counters(),
-            watermark: job.watermarks.current(),
-            partitions: job
-                .watermarks
-                .partitions()
-                .iter()
-                .map(|p| super::commands::PartitionStatus {
-                    name: p.name.clone(),
-                    max_event_time: p.max_event_time,
-                    idle: p.idle,
-                    finished: p.finished,
-                })
-                .collect(),
-            aggregations: job
-                .ops
-                .iter()
-                .map(|op| super::commands::AggregationStatus {
-                    name: op.name().to_string(),
-                    plugin: op.identity().name.clone(),
-                    plugin_version: op.identity().version.clone(),
-                    contract: op.identity().contract.clone(),
-                    open_windows: op.open_slots(),
-                    keys: op.keys(),
-                })
-                .collect(),
-            checkpoints: self.stats.count,
-            checkpoint_history: Vec::new(),
-            last_savepoint,
-        }
     }
 }

@@ -131,7 +131,12 @@ impl PluginRuntime {
     /// Identity and self-description of a component, without configuring it.
     pub fn inspect(&self, path: &Path) -> Result<(PluginIdentity, PluginInfo)> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
-        let p = self.instantiate(&path.display().to_string(), &bytes, Limits::default())?;
+        self.inspect_bytes(&path.display().to_string(), &bytes)
+    }
+
+    /// [`PluginRuntime::inspect`] of a component's bytes.
+    pub fn inspect_bytes(&self, label: &str, bytes: &[u8]) -> Result<(PluginIdentity, PluginInfo)> {
+        let p = self.instantiate(label, bytes, Limits::default())?;
         Ok((p.identity, p.info))
     }
 

@@ -32,7 +32,7 @@ pub enum Reject {
 
 impl Decoder {
     /// The decoder and, per aggregation, the projection slot of each plugin column.
-    pub fn new(pipeline: &Pipeline, plugins: &[Plugin]) -> Result<(Decoder, Vec<Vec<usize>>)> {
+    pub fn new(pipeline: &Pipeline, plugins: &[&Plugin]) -> Result<(Decoder, Vec<Vec<usize>>)> {
         let mut names: Vec<String> = Vec::new();
         let mut slot = |name: &str| -> usize {
             match names.iter().position(|n| n == name) {

@@ -589,6 +589,32 @@ impl WindowOperator {
         self.removed = Some(Vec::new());
     }
 
+    /// This operator replaces `old` (a plugin swapped in a running job), with the same
+    /// slots: it tracks changes if `old` did (every slot counts as written) and takes over
+    /// the slots `old` removed since the last checkpoint, so that the next incremental
+    /// checkpoint deletes them.
+    pub fn replace_tracking(&mut self, old: &mut WindowOperator) {
+        if let Some(removed) = old.removed.take() {
+            self.state.track();
+            self.removed = Some(removed);
+        }
+    }
+
+    /// Where the plugin's columns are in the decoder's projection (the decoder was rebuilt
+    /// because another aggregation's plugin was swapped).
+    pub fn set_columns(&mut self, column_slots: Vec<usize>) {
+        let types = self.plugin.info().fields.iter().map(|f| f.type_);
+        self.columns = column_slots.into_iter().zip(types).collect();
+    }
+
+    /// The rows held for an ordered plugin, when one of them does not `fit` (a plugin
+    /// about to take them): how many there are, and the first that does not.
+    pub fn unfit_row(&self, fits: impl Fn(&[Value]) -> bool) -> Option<(usize, SavedRow)> {
+        let rows = self.saved_rows();
+        let n = rows.len();
+        rows.into_iter().find(|r| !fits(&r.values)).map(|r| (n, r))
+    }
+
     /// What changed since the last call (unordered plugins must have been flushed).
     pub fn take_changes(&mut self) -> crate::state::rocks::Changes {
         let keys = &self.keys;

@@ -1,7 +1,11 @@
 //! Helpers shared by the host's integration tests.
 #![allow(dead_code)]
 
+use km0::control::client::call;
+use km0::generate::{stock_stream, StockStream};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// Repository root. Cargo's run-time `CARGO_MANIFEST_DIR` comes first: a target folder
 /// shared by several checkouts may hold a test binary built in another one, with that
@@ -66,4 +70,63 @@ pub fn stock_outputs(dir: &Path, out: &str) -> Vec<String> {
         .iter()
         .map(|f| std::fs::read_to_string(dir.join(out).join(f)).unwrap_or_default())
         .collect()
+}
+
+// A job running with its control API, for the tests that drive one.
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `km0 run --follow JOB` with its control API on `port` and `token`.
+pub fn start_following(job: &Path, port: u16, token: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--follow", "--http", &format!("127.0.0.1:{port}")])
+        .arg(job)
+        .env("KM0_TOKEN", token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+pub fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A generated stock stream of `events` records, as JSON lines.
+pub fn stream(events: u64, seed: u64) -> String {
+    let spec = StockStream { events, seed, late_fraction: 0.004, ..Default::default() };
+    let mut all = Vec::new();
+    stock_stream(&spec, &mut all).unwrap();
+    String::from_utf8(all).unwrap()
+}
+
+/// Wait until the job at `url` has read `records` records.
+pub fn wait_for_read(url: &str, records: u64) {
+    wait_for(&format!("the job reads {records} records"), || {
+        call(url, "GET", "/api/v1/job", None)
+            .is_ok_and(|(c, b)| c == 200 && json(&b)["counters"]["read"] == records)
+    });
+}
+
+/// One uninterrupted, bounded run of the same pipeline into `ref/` (its `out/` paths
+/// moved there).
+pub fn reference_run(dir: &Path, job: &Path) {
+    let reference = dir.join("ref.toml");
+    std::fs::write(&reference, std::fs::read_to_string(job).unwrap().replace("out/", "ref/")).unwrap();
+    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args(["run", "--http", "off"])
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+pub fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }

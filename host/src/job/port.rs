@@ -1,0 +1,246 @@
+//! The loop's side of the control port: it takes the commands waiting between two
+//! records (savepoints, deploys, stops) and publishes the job's status now and then.
+
+use super::checkpoints::{CheckpointStats, Checkpointer};
+use super::commands::{Command, ControlHandle, Deployed, JobStatus, Refused, StopMode, STATUS_EVERY};
+use super::route::Job;
+use super::runner::write_savepoint;
+use super::swap::NotSwapped;
+use super::*;
+use std::sync::mpsc::Sender;
+
+pub(super) type StopReply = Sender<std::result::Result<Option<PathBuf>, String>>;
+type DeployReply = Sender<std::result::Result<Deployed, Refused>>;
+
+pub(super) struct LoopControl {
+    handle: ControlHandle,
+    savepoint_dir: PathBuf,
+    t0: Instant,
+    published: Instant,
+    last_savepoint: Option<PathBuf>,
+    deployments: Vec<Deployed>,
+    /// A swap whose checkpoint is being written: answered once it is durable.
+    pending: Option<(String, DeployReply, Deployed)>,
+}
+
+impl LoopControl {
+    pub(super) fn new(handle: ControlHandle, savepoint_dir: PathBuf, t0: Instant) -> LoopControl {
+        LoopControl {
+            handle,
+            savepoint_dir,
+            t0,
+            published: Instant::now() - STATUS_EVERY,
+            last_savepoint: None,
+            deployments: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// Take the commands waiting (a savepoint or a deploy happens at once; a stop is
+    /// returned to the loop) and publish the status when due.
+    pub(super) fn serve(
+        &mut self,
+        pipeline: &Pipeline,
+        job: &mut Job,
+        source: &mut Source,
+        mut checkpoints: Option<&mut Checkpointer>,
+        stats: &mut CheckpointStats,
+    ) -> Result<Option<(StopMode, StopReply)>> {
+        let mut stop = None;
+        // After a command, the status shows its effect at once.
+        let mut acted = false;
+        loop {
+            let command = match self.handle.port.commands.lock() {
+                Ok(rx) => rx.try_recv().ok(),
+                Err(_) => None,
+            };
+            let Some(command) = command else { break };
+            acted = true;
+            match command {
+                Command::Savepoint { reply } => {
+                    // A checkpoint being written completes first (sinks commit in order).
+                    if let Some(c) = checkpoints.as_deref_mut() {
+                        c.completed(job, source, true)?;
+                    }
+                    match write_savepoint(job, pipeline, source, &self.savepoint_dir) {
+                        Ok((path, _)) => {
+                            self.last_savepoint = Some(path.clone());
+                            let _ = reply.send(Ok(path));
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e.to_string()));
+                            return Err(e);
+                        }
+                    }
+                }
+                Command::Deploy { deployment, reply } => {
+                    self.deploy(pipeline, job, source, checkpoints.as_deref_mut(), stats, deployment, reply)?
+                }
+                Command::Stop { mode, reply } => {
+                    stop = Some((mode, reply));
+                    break;
+                }
+            }
+        }
+        self.answer_pending(checkpoints.as_deref());
+        if self.published.elapsed() >= STATUS_EVERY || acted {
+            self.published = Instant::now();
+            let mut status =
+                self.status(pipeline, job, stats, if stop.is_some() { "stopping" } else { "running" });
+            if let Some(c) = checkpoints.as_deref() {
+                status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
+            }
+            if let Ok(mut s) = self.handle.port.status.lock() {
+                *s = status;
+            }
+        }
+        Ok(stop)
+    }
+
+    /// Swap in a deployment now (see [`super::swap`]); the reply waits for the checkpoint
+    /// taken after the swap.
+    #[allow(clippy::too_many_arguments)]
+    fn deploy(
+        &mut self,
+        pipeline: &Pipeline,
+        job: &mut Job,
+        source: &mut Source,
+        mut checkpoints: Option<&mut Checkpointer>,
+        stats: &mut CheckpointStats,
+        deployment: super::swap::Deployment,
+        reply: DeployReply,
+    ) -> Result<()> {
+        let t = Instant::now();
+        // A checkpoint being written completes first (sinks commit in order).
+        if let Some(c) = checkpoints.as_deref_mut() {
+            c.completed(job, source, true)?;
+        }
+        let Some(to) = deployment.plugins.first().map(|(_, p)| p.identity().clone()) else {
+            let _ = reply.send(Err(Refused::new(409, "the component replaces no aggregation")));
+            return Ok(());
+        };
+        let mut record = Deployed {
+            id: self.deployments.len() as u64 + 1,
+            at_ms: metrics::now_ms(),
+            status: "swapped".into(),
+            reason: None,
+            aggregations: deployment
+                .plugins
+                .iter()
+                .map(|(i, _)| pipeline.aggregations[*i].name.clone())
+                .collect(),
+            from: deployment.plugins.iter().map(|(i, _)| job.ops[*i].identity().clone()).collect(),
+            to,
+            migrated: Vec::new(),
+            at_record: source.records(),
+            savepoint: None,
+            checkpoint: None,
+            pause_ms: 0.0,
+            savepoint_ms: 0.0,
+            swap_ms: 0.0,
+            prepare_ms: deployment.prepare.as_secs_f64() * 1e3,
+        };
+        match job.swap(pipeline, source, deployment, &self.savepoint_dir) {
+            Ok(swapped) => {
+                self.last_savepoint = Some(swapped.savepoint.clone());
+                record.savepoint = Some(swapped.savepoint);
+                record.migrated = swapped.migrated;
+                record.savepoint_ms = swapped.savepoint_time.as_secs_f64() * 1e3;
+                record.swap_ms = swapped.swap_time.as_secs_f64() * 1e3;
+                // From now on a crash recovers with the new plugin.
+                if let Some(c) = checkpoints {
+                    stats.add(c.take(job, pipeline, source)?);
+                    record.checkpoint = c.history.back().map(|(info, _)| info.id.clone());
+                }
+                record.pause_ms = t.elapsed().as_secs_f64() * 1e3;
+                tracing::info!(
+                    aggregations = ?record.aggregations,
+                    from = %record.from.iter().map(|p| format!("{} {}", p.name, p.version)).collect::<Vec<_>>().join(", "),
+                    to = %format!("{} {}", record.to.name, record.to.version),
+                    at_record = record.at_record,
+                    pause_ms = format!("{:.1}", record.pause_ms),
+                    savepoint = %record.savepoint.as_deref().unwrap_or(Path::new("")).display(),
+                    "plugin swapped"
+                );
+                self.deployments.push(record.clone());
+                match record.checkpoint.clone() {
+                    Some(id) => self.pending = Some((id, reply, record)),
+                    None => {
+                        let _ = reply.send(Ok(record));
+                    }
+                }
+                Ok(())
+            }
+            Err(NotSwapped::Refused(refused, savepoint)) => {
+                tracing::warn!(reason = %refused.reason, "live deploy refused; the job goes on unchanged");
+                record.status = "refused".into();
+                record.reason = Some(refused.reason.clone());
+                record.savepoint = savepoint;
+                record.pause_ms = t.elapsed().as_secs_f64() * 1e3;
+                self.deployments.push(record);
+                let _ = reply.send(Err(refused));
+                Ok(())
+            }
+            Err(NotSwapped::Failed(e)) => {
+                let _ = reply.send(Err(Refused::new(500, e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    /// Answer a deploy whose checkpoint has completed (or failed).
+    pub(super) fn answer_pending(&mut self, checkpoints: Option<&Checkpointer>) {
+        let Some((id, _, _)) = &self.pending else { return };
+        let status = checkpoints
+            .and_then(|c| c.history.iter().find(|(info, _)| info.id == *id))
+            .map(|(info, _)| info.status.clone());
+        if status.as_deref() == Some("writing") {
+            return;
+        }
+        let Some((id, reply, record)) = self.pending.take() else { return };
+        let _ = reply.send(match status.as_deref() {
+            Some("complete") => Ok(record),
+            _ => Err(Refused::new(
+                500,
+                format!("the plugin was swapped, but checkpoint {id} after the swap did not complete"),
+            )),
+        });
+    }
+
+    fn status(&self, pipeline: &Pipeline, job: &Job, stats: &CheckpointStats, state: &str) -> JobStatus {
+        JobStatus {
+            state: state.to_string(),
+            pipeline: pipeline.name.clone(),
+            uptime_ms: self.t0.elapsed().as_millis() as u64,
+            counters: job.counters(),
+            watermark: job.watermarks.current(),
+            partitions: job
+                .watermarks
+                .partitions()
+                .iter()
+                .map(|p| super::commands::PartitionStatus {
+                    name: p.name.clone(),
+                    max_event_time: p.max_event_time,
+                    idle: p.idle,
+                    finished: p.finished,
+                })
+                .collect(),
+            aggregations: job
+                .ops
+                .iter()
+                .map(|op| super::commands::AggregationStatus {
+                    name: op.name().to_string(),
+                    plugin: op.identity().name.clone(),
+                    plugin_version: op.identity().version.clone(),
+                    contract: op.identity().contract.clone(),
+                    open_windows: op.open_slots(),
+                    keys: op.keys(),
+                })
+                .collect(),
+            checkpoints: stats.count,
+            checkpoint_history: Vec::new(),
+            last_savepoint: self.last_savepoint.clone(),
+            deployments: self.deployments.clone(),
+        }
+    }
+}

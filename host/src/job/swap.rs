@@ -1,0 +1,238 @@
+//! Live plugin deploys into a running job.
+//!
+//! 1. Off the job's thread ([`Deployer::prepare`]): the new component is read, compiled
+//!    (or taken from the cache), instantiated, asked who it is, and configured for every
+//!    aggregation it replaces (those whose plugin has its name, or the one named).
+//! 2. On the job's thread, between two records ([`Job::swap`]): the checks of an offline
+//!    deploy that need the job (key fields, held rows, decoder); a savepoint of the job
+//!    as it is, the swap's rollback point; then new window operators are built from that
+//!    savepoint's state exactly as `km0 deploy --from-savepoint` builds them (accumulators
+//!    migrated by the new plugin when its state schema differs, held rows handed to it
+//!    again), and replace the old ones. Anything refused or failing before the replacement
+//!    leaves the old operators as they were.
+//! 3. The loop then takes a checkpoint, so that a crash from then on recovers with the new
+//!    plugin (its component is stored with the checkpoints and in every later savepoint,
+//!    [`crate::checkpoint::components`]).
+//!
+//! So the output of a live swap is that of stopping with a savepoint at the same record
+//! and deploying offline from it.
+
+use super::commands::Refused;
+use super::route::{operator, results_fingerprint, row_fits, unfit_rows, Job};
+use super::runner::store_savepoint;
+use super::*;
+use crate::source::decode::Decoder;
+use std::sync::Arc;
+
+/// The largest component a live deploy takes by default (the Python SDK's are ~20 MB).
+pub const MAX_COMPONENT_BYTES: usize = 64 << 20;
+
+/// A new plugin, ready to be swapped in.
+pub struct Deployment {
+    /// Configured for each aggregation it replaces (by index in the pipeline).
+    pub plugins: Vec<(usize, Plugin)>,
+    pub component: Component,
+    /// How long preparing it took.
+    pub prepare: Duration,
+}
+
+/// Prepares live deploys for one job (in the control API's threads).
+pub struct Deployer {
+    runtime: Arc<PluginRuntime>,
+    pipeline: Pipeline,
+    /// The largest component taken.
+    pub max_bytes: usize,
+}
+
+impl Deployer {
+    pub fn new(runtime: Arc<PluginRuntime>, pipeline: Pipeline) -> Deployer {
+        Deployer { runtime, pipeline, max_bytes: MAX_COMPONENT_BYTES }
+    }
+
+    /// Read, compile, instantiate and configure `bytes` for the aggregations it replaces:
+    /// `aggregation`, or every one whose plugin (`running`: each aggregation's plugin name,
+    /// in pipeline order) has the new plugin's name.
+    pub fn prepare(
+        &self,
+        bytes: Vec<u8>,
+        aggregation: Option<&str>,
+        running: &[String],
+    ) -> std::result::Result<Deployment, Refused> {
+        let t = Instant::now();
+        if bytes.len() > self.max_bytes {
+            return Err(Refused::new(
+                413,
+                format!("the component has {} bytes; at most {}", bytes.len(), self.max_bytes),
+            ));
+        }
+        let component = Component::new(bytes);
+        let label = format!("uploaded component {}", &component.sha256[..12]);
+        let (identity, _) = self
+            .runtime
+            .inspect_bytes(&label, &component.bytes)
+            .map_err(|e| Refused::new(400, format!("not a km0 plugin: {e}")))?;
+        let aggregations = &self.pipeline.aggregations;
+        if running.len() != aggregations.len() {
+            return Err(Refused::new(503, "the job is starting; try again"));
+        }
+        let other_logic = |i: usize| {
+            format!(
+                "aggregation {:?} runs plugin {:?}; plugin {:?} is different logic and cannot take its state",
+                aggregations[i].name, running[i], identity.name
+            )
+        };
+        let targets: Vec<usize> = match aggregation {
+            Some(name) => {
+                let Some(i) = aggregations.iter().position(|a| a.name == name) else {
+                    let names: Vec<&str> = aggregations.iter().map(|a| a.name.as_str()).collect();
+                    return Err(Refused::new(404, format!("no aggregation {name:?}; the job has {names:?}")));
+                };
+                if running[i] != identity.name {
+                    return Err(Refused::new(409, other_logic(i)));
+                }
+                vec![i]
+            }
+            None => {
+                let found: Vec<usize> = (0..running.len()).filter(|&i| running[i] == identity.name).collect();
+                if found.is_empty() {
+                    return Err(Refused::new(
+                        409,
+                        format!(
+                            "the job runs plugin(s) {running:?}; plugin {:?} is different logic and cannot take their state",
+                            identity.name
+                        ),
+                    ));
+                }
+                found
+            }
+        };
+        let mut plugins = Vec::new();
+        for i in targets {
+            let a = &aggregations[i];
+            let p = self
+                .runtime
+                .load_bytes(&label, &component.bytes, &a.plugin.config, a.plugin.limits)
+                .map_err(|e| Refused::new(422, format!("aggregation {:?}: {e}", a.name)))?;
+            plugins.push((i, p));
+        }
+        // Kept with the checkpoints before any checkpoint records it.
+        if let Some(c) = &self.pipeline.checkpoints {
+            component.put(&c.dir).map_err(|e| Refused::new(500, e.to_string()))?;
+        }
+        Ok(Deployment { plugins, component, prepare: t.elapsed() })
+    }
+}
+
+/// A swap done.
+pub(super) struct Swapped {
+    pub(super) migrated: Vec<(String, u32, u32)>,
+    pub(super) savepoint: PathBuf,
+    pub(super) savepoint_time: Duration,
+    pub(super) swap_time: Duration,
+}
+
+/// Why a swap did not happen.
+pub(super) enum NotSwapped {
+    /// Refused: the job goes on with its plugins and state as they were. The rollback
+    /// savepoint, when it was written already.
+    Refused(Refused, Option<PathBuf>),
+    /// The job cannot go on (the savepoint could not be written, say).
+    Failed(Error),
+}
+
+impl Job {
+    /// Swap in a deployment's plugins at this record boundary (see the module's text).
+    pub(super) fn swap(
+        &mut self,
+        pipeline: &Pipeline,
+        source: &Source,
+        d: Deployment,
+        savepoint_dir: &Path,
+    ) -> std::result::Result<Swapped, NotSwapped> {
+        let refuse = |status: u16, m: String| NotSwapped::Refused(Refused::new(status, m), None);
+        // Checks that touch nothing.
+        for (i, p) in &d.plugins {
+            let op = &self.ops[*i];
+            let (old, new) = (op.identity(), p.identity());
+            if old.name != new.name {
+                return Err(refuse(
+                    409,
+                    format!(
+                        "aggregation {:?} runs plugin {:?}; plugin {:?} is different logic and cannot take its state",
+                        op.name(),
+                        old.name,
+                        new.name
+                    ),
+                ));
+            }
+            if p.key_fields() as usize > pipeline.key.len() {
+                return Err(refuse(
+                    422,
+                    format!(
+                        "plugin {} {} reads {} key fields from every group, but the pipeline's key {:?} has {}",
+                        new.name,
+                        new.version,
+                        p.key_fields(),
+                        pipeline.key,
+                        pipeline.key.len()
+                    ),
+                ));
+            }
+            let fields = &p.info().fields;
+            if let Some((n, bad)) = op.unfit_row(|v| row_fits(v, fields)) {
+                return Err(refuse(422, unfit_rows(op.name(), n, p, &bad)));
+            }
+        }
+        let (decoder, columns, fingerprint) = {
+            let plugins: Vec<&Plugin> = (0..self.ops.len())
+                .map(|i| d.plugins.iter().find(|(j, _)| *j == i).map_or(self.ops[i].plugin(), |(_, p)| p))
+                .collect();
+            let (decoder, columns) =
+                Decoder::new(pipeline, &plugins).map_err(|e| refuse(422, e.to_string()))?;
+            (decoder, columns, results_fingerprint(pipeline, &plugins))
+        };
+
+        // The rollback point.
+        let t = Instant::now();
+        let (meta, mut snapshots) = self.snapshot(pipeline, source).map_err(NotSwapped::Failed)?;
+        let savepoint =
+            store_savepoint(self, meta, &snapshots, source, savepoint_dir).map_err(NotSwapped::Failed)?;
+        let savepoint_time = t.elapsed();
+
+        // The new operators, from that state, as an offline deploy builds them.
+        let t = Instant::now();
+        let wm = self.watermarks.current();
+        let mut built = Vec::new();
+        let mut migrated = Vec::new();
+        for (i, plugin) in d.plugins {
+            let (old, new) = (self.ops[i].identity().clone(), plugin.identity().clone());
+            let mut op = operator(pipeline, i, plugin, columns[i].clone());
+            let mut snap = std::mem::take(&mut snapshots[i]);
+            let refused = |m: String| NotSwapped::Refused(Refused::new(422, m), Some(savepoint.clone()));
+            if old.state_schema != new.state_schema {
+                op.migrate(old.state_schema, &mut snap).map_err(|e| {
+                    refused(format!(
+                        "{} {} (state schema {}) cannot take the state of {} {} (schema {}): {e}",
+                        new.name, new.version, new.state_schema, old.name, old.version, old.state_schema
+                    ))
+                })?;
+                migrated.push((op.name().to_string(), old.state_schema, new.state_schema));
+            }
+            op.restore(&snap, wm, true).map_err(|e| refused(e.to_string()))?;
+            built.push((i, op));
+        }
+
+        // Nothing can fail from here on.
+        for (i, mut op) in built {
+            op.replace_tracking(&mut self.ops[i]);
+            self.ops[i] = op;
+            self.components[i] = Some(d.component.clone());
+        }
+        for (op, cols) in self.ops.iter_mut().zip(columns) {
+            op.set_columns(cols);
+        }
+        self.decoder = decoder;
+        self.fingerprint = fingerprint;
+        Ok(Swapped { migrated, savepoint, savepoint_time, swap_time: t.elapsed() })
+    }
+}

@@ -1,0 +1,254 @@
+//! Live plugin deploys into a running job, with the real binary, real HTTP and the real
+//! components of plugins/: min-stock 0.1 (state schema 1) swapped for min-stock 0.2
+//! (schema 2, migrated) while the job follows its input. The reference for every live
+//! run is the offline procedure it replaces: stop with a savepoint at the record the
+//! swap happened at, then `km0 deploy NEW --from-savepoint`.
+
+mod common;
+use common::*;
+
+use km0::control::client::{call, send};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+const TOKEN: &str = "d3ploy";
+
+/// A stock-alert pipeline over the followed `dir/live.jsonl` running `plugin`, with
+/// checkpoints under `out/chk`.
+fn pipeline(dir: &Path, plugin_name: &str) -> PathBuf {
+    let job = stock_pipeline(
+        dir,
+        &dir.join("live.jsonl"),
+        "out",
+        "[checkpoints]\ndir = \"out/chk\"\ninterval = \"300ms\"",
+    );
+    let text = std::fs::read_to_string(&job).unwrap();
+    std::fs::write(
+        &job,
+        text.replace(&*plugin("min-stock").to_string_lossy(), &plugin(plugin_name).to_string_lossy()),
+    )
+    .unwrap();
+    job
+}
+
+fn km0(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_km0")).args(args).env("KM0_TOKEN", TOKEN).output().unwrap()
+}
+
+/// `km0 deploy PLUGIN --job URL --json`: the deploy's record.
+fn deploy(url: &str, plugin_name: &str) -> serde_json::Value {
+    let out = km0(&["deploy", &plugin(plugin_name).to_string_lossy(), "--job", url, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    json(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Wait for a job to end; its stderr.
+fn ended(child: Child) -> String {
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    err
+}
+
+/// The offline procedure into `off/`: a bounded run of the whole input that stops with a
+/// savepoint after `at` records, then `km0 deploy min-stock-v2 --from-savepoint` from it.
+fn offline_deploy(dir: &Path, job: &Path, at: u64) {
+    let off = dir.join("off.toml");
+    std::fs::write(&off, std::fs::read_to_string(job).unwrap().replace("out/", "off/")).unwrap();
+    let off = off.to_string_lossy().to_string();
+    let r = km0(&["run", "--http", "off", "--stop-with-savepoint-after", &at.to_string(), &off]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let savepoint = dir.join(format!("off/savepoints/savepoint-{at:012}"));
+    let v2 = plugin("min-stock-v2");
+    let r = km0(&[
+        "deploy",
+        &v2.to_string_lossy(),
+        "--from-savepoint",
+        &savepoint.to_string_lossy(),
+        "--pipeline",
+        &off,
+        "--http",
+        "off",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+fn append(dir: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("live.jsonl")).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+/// The first `n` lines of `text`, and the rest.
+fn split(text: &str, n: usize) -> (String, String) {
+    let lines: Vec<&str> = text.lines().collect();
+    let part = |l: &[&str]| l.iter().map(|l| format!("{l}\n")).collect::<String>();
+    (part(&lines[..n]), part(&lines[n..]))
+}
+
+fn started(dir: &Path, plugin_name: &str, first: &str) -> (PathBuf, String, Child) {
+    std::fs::write(dir.join("live.jsonl"), first).unwrap();
+    let job = pipeline(dir, plugin_name);
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    (job, url, child)
+}
+
+#[test]
+fn a_live_swap_gives_the_output_of_an_offline_deploy_at_the_same_record_and_its_savepoints_resume_with_the_new_plugin(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let text = stream(60_000, 41);
+    let (first, rest) = split(&text, 30_000);
+    let (job, url, child) = started(dir.path(), "min-stock", &first);
+    wait_for_read(&url, 30_000);
+
+    let d = deploy(&url, "min-stock-v2");
+    assert_eq!(d["status"], "swapped", "{d}");
+    assert_eq!(d["at_record"], 30_000, "{d}");
+    assert_eq!(d["from"][0]["version"], "0.1.0");
+    assert_eq!(d["to"]["version"], "0.2.0");
+    assert_eq!(d["migrated"], serde_json::json!([["window-aggregate", 1, 2]]));
+    let rollback = PathBuf::from(d["savepoint"].as_str().unwrap());
+    assert!(rollback.join("savepoint.json").exists());
+    assert!(d["pause_ms"].as_f64().unwrap() > 0.0);
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    assert_eq!(status["aggregations"][0]["plugin_version"], "0.2.0", "{status}");
+    let history = json(&call(&url, "GET", "/api/v1/deployments", None).unwrap().1);
+    assert_eq!(history.as_array().unwrap().len(), 1);
+    assert_eq!(history[0]["savepoint"], d["savepoint"]);
+
+    append(dir.path(), &rest);
+    wait_for_read(&url, 60_000);
+    let (code, body) = call(&url, "POST", "/api/v1/savepoints", Some(TOKEN)).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let after = json(&body)["path"].as_str().unwrap().to_string();
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    ended(child);
+
+    offline_deploy(dir.path(), &job, 30_000);
+    let live = stock_outputs(dir.path(), "out");
+    assert!(
+        live == stock_outputs(dir.path(), "off"),
+        "the live swap's output differs from the offline deploy's"
+    );
+    // The swap happened mid-stream: windows that fired before it have min-stock 0.1's
+    // results, later ones min-stock 0.2's.
+    let results: Vec<&str> = live[0].lines().collect();
+    assert!(results.first().is_some_and(|l| !l.contains("suma_delta")));
+    assert!(results.last().is_some_and(|l| l.contains("suma_delta")));
+
+    // A savepoint taken after the swap resumes with min-stock 0.2, although the pipeline
+    // file still names 0.1 (its outputs are rewritten from the savepoint on).
+    let r = km0(&["run", "--http", "off", &job.to_string_lossy(), "--from-savepoint", &after]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(err.contains("resuming with the plugin the job ran"), "{err}");
+    assert!(Path::new(&after).join("components").read_dir().unwrap().count() == 1);
+    assert!(stock_outputs(dir.path(), "out") == live, "resumed output differs");
+}
+
+#[test]
+fn a_job_killed_right_after_a_live_swap_recovers_with_the_new_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = stream(60_000, 42);
+    let (first, rest) = split(&text, 30_000);
+    let (job, url, mut child) = started(dir.path(), "min-stock", &first);
+    wait_for_read(&url, 30_000);
+    let d = deploy(&url, "min-stock-v2");
+    // The reply comes once the checkpoint after the swap is durable.
+    let checkpoint = d["checkpoint"].as_str().unwrap();
+    assert!(dir.path().join("out/chk").join(checkpoint).join("savepoint.json").exists(), "{d}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // Restarted with the same command: the pipeline file still names min-stock 0.1.
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, 30_000);
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    assert_eq!(status["aggregations"][0]["plugin_version"], "0.2.0", "{status}");
+    append(dir.path(), &rest);
+    wait_for_read(&url, 60_000);
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    let err = ended(child);
+    assert!(err.contains("resuming with the plugin the job ran"), "{err}");
+
+    offline_deploy(dir.path(), &job, 30_000);
+    assert!(
+        stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "off"),
+        "the recovered output differs from a run without the crash"
+    );
+}
+
+#[test]
+fn refused_live_deploys_leave_the_job_running_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = stream(40_000, 43);
+    let (first, rest) = split(&text, 20_000);
+    let (job, url, child) = started(dir.path(), "min-stock-v2", &first);
+    wait_for_read(&url, 20_000);
+    let bytes = |name: &str| std::fs::read(plugin(name)).unwrap();
+    let post = |body: &[u8], token: Option<&str>, query: &str| {
+        let (code, reply) = send(&url, "POST", &format!("/api/v1/deployments{query}"), token, body).unwrap();
+        (code, json(&reply)["error"].as_str().unwrap_or("").to_string())
+    };
+    // No token, a wrong one.
+    assert_eq!(post(&bytes("min-stock"), None, "").0, 401);
+    assert_eq!(post(&bytes("min-stock"), Some("wrong"), "").0, 401);
+    // Not a component; a plugin of another name; an aggregation the job does not have.
+    let (code, why) = post(b"name = \"not wasm\"", Some(TOKEN), "");
+    assert_eq!(code, 400, "{why}");
+    assert!(why.contains("not a km0 plugin"), "{why}");
+    let (code, why) = post(&bytes("distance"), Some(TOKEN), "");
+    assert_eq!(code, 409, "{why}");
+    assert!(why.contains("different logic"), "{why}");
+    assert_eq!(post(&bytes("min-stock-v2"), Some(TOKEN), "?aggregation=nope").0, 404);
+    // A downgrade: min-stock 0.1 cannot read state schema 2 (the CLI says why, exit 1).
+    let out = km0(&["deploy", &plugin("min-stock").to_string_lossy(), "--job", &url]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("422") && err.contains("cannot read accumulators of state schema 2"), "{err}");
+    // A migrate that traps.
+    let (code, why) = post(&bytes("min-stock-broken"), Some(TOKEN), "");
+    assert_eq!(code, 422, "{why}");
+    assert!(why.contains("migrate") && why.contains("trapped"), "{why}");
+
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    assert_eq!(status["state"], "running");
+    assert_eq!(status["aggregations"][0]["plugin_version"], "0.2.0");
+    let history = json(&call(&url, "GET", "/api/v1/deployments", None).unwrap().1);
+    let refused: Vec<&str> =
+        history.as_array().unwrap().iter().map(|d| d["status"].as_str().unwrap()).collect();
+    assert_eq!(refused, ["refused", "refused"], "{history}");
+
+    append(dir.path(), &rest);
+    wait_for_read(&url, 40_000);
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    ended(child);
+    reference_run(dir.path(), &job);
+    assert!(
+        stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "ref"),
+        "refused deploys changed the output"
+    );
+}
+
+#[test]
+fn a_live_deploy_needs_a_running_job_to_answer() {
+    // Nothing listens: the CLI says so and fails.
+    let port = free_port();
+    let out = Command::new(env!("CARGO_BIN_EXE_km0"))
+        .args([
+            "deploy",
+            &plugin("min-stock-v2").to_string_lossy(),
+            "--job",
+            &format!("http://127.0.0.1:{port}"),
+        ])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not answer"));
+}

@@ -5,7 +5,7 @@ use super::checkpoints::{CheckpointStats, Checkpointer};
 use super::commands::{Command, ControlHandle, Deployed, JobStatus, Refused, StopMode, STATUS_EVERY};
 use super::route::Job;
 use super::runner::write_savepoint;
-use super::swap::NotSwapped;
+use super::swap::{join_writer, NotSwapped, SavepointWriter};
 use super::*;
 use std::sync::mpsc::Sender;
 
@@ -19,8 +19,16 @@ pub(super) struct LoopControl {
     published: Instant,
     last_savepoint: Option<PathBuf>,
     deployments: Vec<Deployed>,
-    /// A swap whose checkpoint is being written: answered once it is durable.
-    pending: Option<(String, DeployReply, Deployed)>,
+    /// A swap whose rollback savepoint or checkpoint is being written: answered once
+    /// both are durable.
+    pending: Option<PendingDeploy>,
+}
+
+struct PendingDeploy {
+    writer: Option<SavepointWriter>,
+    checkpoint: Option<String>,
+    reply: DeployReply,
+    record: Deployed,
 }
 
 impl LoopControl {
@@ -58,10 +66,12 @@ impl LoopControl {
             acted = true;
             match command {
                 Command::Savepoint { reply } => {
-                    // A checkpoint being written completes first (sinks commit in order).
+                    // A checkpoint or savepoint being written completes first (sinks
+                    // commit in order).
                     if let Some(c) = checkpoints.as_deref_mut() {
                         c.completed(job, source, true)?;
                     }
+                    self.answer_pending(checkpoints.as_deref(), true);
                     match write_savepoint(job, pipeline, source, &self.savepoint_dir) {
                         Ok((path, _)) => {
                             self.last_savepoint = Some(path.clone());
@@ -82,7 +92,7 @@ impl LoopControl {
                 }
             }
         }
-        self.answer_pending(checkpoints.as_deref());
+        self.answer_pending(checkpoints.as_deref(), false);
         if self.published.elapsed() >= STATUS_EVERY || acted {
             self.published = Instant::now();
             let mut status =
@@ -111,10 +121,11 @@ impl LoopControl {
         reply: DeployReply,
     ) -> Result<()> {
         let t = Instant::now();
-        // A checkpoint being written completes first (sinks commit in order).
+        // A checkpoint or savepoint being written completes first (sinks commit in order).
         if let Some(c) = checkpoints.as_deref_mut() {
             c.completed(job, source, true)?;
         }
+        self.answer_pending(checkpoints.as_deref(), true);
         let Some(to) = deployment.plugins.first().map(|(_, p)| p.identity().clone()) else {
             let _ = reply.send(Err(Refused::new(409, "the component replaces no aggregation")));
             return Ok(());
@@ -163,12 +174,8 @@ impl LoopControl {
                     "plugin swapped"
                 );
                 self.deployments.push(record.clone());
-                match record.checkpoint.clone() {
-                    Some(id) => self.pending = Some((id, reply, record)),
-                    None => {
-                        let _ = reply.send(Ok(record));
-                    }
-                }
+                let checkpoint = record.checkpoint.clone();
+                self.pending = Some(PendingDeploy { writer: swapped.writer, checkpoint, reply, record });
                 Ok(())
             }
             Err(NotSwapped::Refused(refused, savepoint)) => {
@@ -188,21 +195,33 @@ impl LoopControl {
         }
     }
 
-    /// Answer a deploy whose checkpoint has completed (or failed).
-    pub(super) fn answer_pending(&mut self, checkpoints: Option<&Checkpointer>) {
-        let Some((id, _, _)) = &self.pending else { return };
-        let status = checkpoints
-            .and_then(|c| c.history.iter().find(|(info, _)| info.id == *id))
-            .map(|(info, _)| info.status.clone());
-        if status.as_deref() == Some("writing") {
+    /// Answer the last deploy once its rollback savepoint and its checkpoint are
+    /// durable (with `wait`, now: its checkpoint has been completed by the caller).
+    pub(super) fn answer_pending(&mut self, checkpoints: Option<&Checkpointer>, wait: bool) {
+        let Some(p) = &self.pending else { return };
+        let checkpoint = p.checkpoint.as_ref().map(|id| {
+            checkpoints
+                .and_then(|c| c.history.iter().find(|(info, _)| info.id == *id))
+                .map_or("failed".to_string(), |(info, _)| info.status.clone())
+        });
+        let written = p.writer.as_ref().is_none_or(|w| w.is_finished());
+        if !wait && (!written || checkpoint.as_deref() == Some("writing")) {
             return;
         }
-        let Some((id, reply, record)) = self.pending.take() else { return };
-        let _ = reply.send(match status.as_deref() {
-            Some("complete") => Ok(record),
-            _ => Err(Refused::new(
+        let Some(p) = self.pending.take() else { return };
+        let savepoint = p.writer.map_or(Ok(()), join_writer);
+        let _ = p.reply.send(match (savepoint, checkpoint.as_deref()) {
+            (Err(e), _) => Err(Refused::new(
                 500,
-                format!("the plugin was swapped, but checkpoint {id} after the swap did not complete"),
+                format!("the plugin was swapped, but its rollback savepoint failed: {e}"),
+            )),
+            (Ok(()), None | Some("complete")) => Ok(p.record),
+            (Ok(()), Some(_)) => Err(Refused::new(
+                500,
+                format!(
+                    "the plugin was swapped, but the checkpoint after the swap ({}) did not complete",
+                    p.checkpoint.unwrap_or_default()
+                ),
             )),
         });
     }

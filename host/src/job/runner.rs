@@ -216,7 +216,7 @@ pub(super) fn start(
         c.completed(&mut job, &source, true)?;
     }
     if let Some(port) = port.as_mut() {
-        port.answer_pending(checkpoints.as_ref());
+        port.answer_pending(checkpoints.as_ref(), true);
     }
     // A stop that drains ends like the input: every open window fires below.
     let mut savepoint_path = None;
@@ -353,22 +353,40 @@ pub(super) fn store_savepoint(
     source: &Source,
     dir: &Path,
 ) -> Result<PathBuf> {
-    let mut path = dir.join(format!("savepoint-{:012}", source.records()));
-    // Two savepoints at the same record (on demand, then at a stop) get their own folders.
-    let mut n = 1;
-    while path.exists() {
-        n += 1;
-        path = dir.join(format!("savepoint-{:012}-{n}", source.records()));
-    }
-    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+    let path = savepoint_path(dir, source.records());
     let components: Vec<_> = job.components.iter().flatten().cloned().collect();
-    savepoint::write_with(&path, meta, snapshots, &components)?;
+    write_savepoint_files(&path, meta, snapshots, &components)?;
     // The savepoint is durable: a transactional sink commits what it covers.
     if let Some(out) = job.output.as_mut() {
         out.checkpoint_complete()?;
     }
-    tracing::info!(path = %path.display(), "savepoint written");
     Ok(path)
+}
+
+/// A new savepoint's folder in `dir`, named by the records read.
+pub(super) fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
+    let mut path = dir.join(format!("savepoint-{records:012}"));
+    // Two savepoints at the same record (on demand, then at a stop) get their own folders.
+    let mut n = 1;
+    while path.exists() {
+        n += 1;
+        path = dir.join(format!("savepoint-{records:012}-{n}"));
+    }
+    path
+}
+
+/// Make the sinks durable to the snapshot's positions, then write the savepoint (any
+/// thread).
+pub(super) fn write_savepoint_files(
+    path: &Path,
+    meta: SavepointMeta,
+    snapshots: &[Snapshot],
+    components: &[Component],
+) -> Result<()> {
+    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+    savepoint::write_with(path, meta, snapshots, components)?;
+    tracing::info!(path = %path.display(), "savepoint written");
+    Ok(())
 }
 
 pub(super) fn set_state(handle: &ControlHandle, state: &str) {

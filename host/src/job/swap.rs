@@ -5,11 +5,11 @@
 //!    aggregation it replaces (those whose plugin has its name, or the one named).
 //! 2. On the job's thread, between two records ([`Job::swap`]): the checks of an offline
 //!    deploy that need the job (key fields, held rows, decoder); a savepoint of the job
-//!    as it is, the swap's rollback point; then new window operators are built from that
-//!    savepoint's state exactly as `km0 deploy --from-savepoint` builds them (accumulators
-//!    migrated by the new plugin when its state schema differs, held rows handed to it
-//!    again), and replace the old ones. Anything refused or failing before the replacement
-//!    leaves the old operators as they were.
+//!    as it is, the swap's rollback point; every accumulator migrated by the new plugin
+//!    when its state schema differs; then the plugins are swapped in place, with the
+//!    effect `km0 deploy --from-savepoint` has on that savepoint's state (held rows of
+//!    ordered plugins handed over again) but without rebuilding keys, slots and timers.
+//!    Anything refused or failing before the swap leaves the job as it was.
 //! 3. The loop then takes a checkpoint, so that a crash from then on recovers with the new
 //!    plugin (its component is stored with the checkpoints and in every later savepoint,
 //!    [`crate::checkpoint::components`]).
@@ -18,8 +18,8 @@
 //! and deploying offline from it.
 
 use super::commands::Refused;
-use super::route::{operator, results_fingerprint, row_fits, unfit_rows, Job};
-use super::runner::store_savepoint;
+use super::route::{results_fingerprint, row_fits, unfit_rows, Job};
+use super::runner::{savepoint_path, store_savepoint, write_savepoint_files};
 use super::*;
 use crate::source::decode::Decoder;
 use std::sync::Arc;
@@ -125,10 +125,20 @@ impl Deployer {
 
 /// A swap done.
 pub(super) struct Swapped {
+    /// Writing the rollback savepoint (none: written already).
+    pub(super) writer: Option<SavepointWriter>,
     pub(super) migrated: Vec<(String, u32, u32)>,
     pub(super) savepoint: PathBuf,
     pub(super) savepoint_time: Duration,
     pub(super) swap_time: Duration,
+}
+
+/// The thread writing a savepoint.
+pub(super) type SavepointWriter = std::thread::JoinHandle<Result<()>>;
+
+/// Wait for a savepoint writer.
+pub(super) fn join_writer(writer: SavepointWriter) -> Result<()> {
+    writer.join().map_err(|_| Error::Usage("the savepoint writer panicked".into())).and_then(|r| r)
 }
 
 /// Why a swap did not happen.
@@ -192,40 +202,62 @@ impl Job {
             (decoder, columns, results_fingerprint(pipeline, &plugins))
         };
 
-        // The rollback point.
+        // The rollback point: captured now, written by another thread (unless the sink
+        // commits when a snapshot is durable: then before going on).
         let t = Instant::now();
-        let (meta, mut snapshots) = self.snapshot(pipeline, source).map_err(NotSwapped::Failed)?;
-        let savepoint =
-            store_savepoint(self, meta, &snapshots, source, savepoint_dir).map_err(NotSwapped::Failed)?;
+        let (meta, snapshots) = self.snapshot(pipeline, source).map_err(NotSwapped::Failed)?;
+        let (savepoint, writer) = if self.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
+            let path =
+                store_savepoint(self, meta, &snapshots, source, savepoint_dir).map_err(NotSwapped::Failed)?;
+            (path, None)
+        } else {
+            let path = savepoint_path(savepoint_dir, source.records());
+            let components: Vec<Component> = self.components.iter().flatten().cloned().collect();
+            let to = path.clone();
+            let writer = std::thread::Builder::new()
+                .name("km0-savepoint".into())
+                .spawn(move || write_savepoint_files(&to, meta, &snapshots, &components))
+                .map_err(|e| NotSwapped::Failed(Error::io("start the savepoint writer", &path, e)))?;
+            (path, Some(writer))
+        };
         let savepoint_time = t.elapsed();
+        // A refused swap waits for its rollback savepoint (named in the refusal).
+        let refused = |r: Refused, writer: Option<SavepointWriter>| {
+            let written = writer.map_or(Ok(()), join_writer);
+            match written {
+                Ok(()) => NotSwapped::Refused(r, Some(savepoint.clone())),
+                Err(e) => NotSwapped::Failed(e),
+            }
+        };
 
-        // The new operators, from that state, as an offline deploy builds them.
+        // Migrations first: one that fails changes nothing.
         let t = Instant::now();
-        let wm = self.watermarks.current();
-        let mut built = Vec::new();
+        let mut d = d;
         let mut migrated = Vec::new();
-        for (i, plugin) in d.plugins {
-            let (old, new) = (self.ops[i].identity().clone(), plugin.identity().clone());
-            let mut op = operator(pipeline, i, plugin, columns[i].clone());
-            let mut snap = std::mem::take(&mut snapshots[i]);
-            let refused = |m: String| NotSwapped::Refused(Refused::new(422, m), Some(savepoint.clone()));
-            if old.state_schema != new.state_schema {
-                op.migrate(old.state_schema, &mut snap).map_err(|e| {
-                    refused(format!(
+        let mut accs = Vec::new();
+        for (i, plugin) in &mut d.plugins {
+            let (old, new) = (self.ops[*i].identity().clone(), plugin.identity().clone());
+            if old.state_schema == new.state_schema {
+                accs.push(None);
+                continue;
+            }
+            let converted = match self.ops[*i].migrated(plugin, old.state_schema) {
+                Ok(accs) => accs,
+                Err(e) => {
+                    let why = format!(
                         "{} {} (state schema {}) cannot take the state of {} {} (schema {}): {e}",
                         new.name, new.version, new.state_schema, old.name, old.version, old.state_schema
-                    ))
-                })?;
-                migrated.push((op.name().to_string(), old.state_schema, new.state_schema));
-            }
-            op.restore(&snap, wm, true).map_err(|e| refused(e.to_string()))?;
-            built.push((i, op));
+                    );
+                    return Err(refused(Refused::new(422, why), writer));
+                }
+            };
+            accs.push(Some(converted));
+            migrated.push((self.ops[*i].name().to_string(), old.state_schema, new.state_schema));
         }
 
         // Nothing can fail from here on.
-        for (i, mut op) in built {
-            op.replace_tracking(&mut self.ops[i]);
-            self.ops[i] = op;
+        for ((i, plugin), accs) in d.plugins.into_iter().zip(accs) {
+            self.ops[i].swap_plugin(plugin, accs);
             self.components[i] = Some(d.component.clone());
         }
         for (op, cols) in self.ops.iter_mut().zip(columns) {
@@ -233,6 +265,6 @@ impl Job {
         }
         self.decoder = decoder;
         self.fingerprint = fingerprint;
-        Ok(Swapped { migrated, savepoint, savepoint_time, swap_time: t.elapsed() })
+        Ok(Swapped { writer, migrated, savepoint, savepoint_time, swap_time: t.elapsed() })
     }
 }

@@ -126,6 +126,7 @@ pub struct WindowOperator {
     state: WindowState,
     batch: Batch,
     batch_size: usize,
+    key_arity: usize,
     plugin: Plugin,
     /// (projection slot, type) of each plugin column.
     columns: Vec<(usize, FieldType)>,
@@ -176,6 +177,7 @@ impl WindowOperator {
             state: WindowState::default(),
             batch: Batch::new(&types, key_arity, plugin.info().ordered_input),
             batch_size,
+            key_arity,
             plugin,
             columns,
             next_fire: i64::MAX,
@@ -589,15 +591,45 @@ impl WindowOperator {
         self.removed = Some(Vec::new());
     }
 
-    /// This operator replaces `old` (a plugin swapped in a running job), with the same
-    /// slots: it tracks changes if `old` did (every slot counts as written) and takes over
-    /// the slots `old` removed since the last checkpoint, so that the next incremental
-    /// checkpoint deletes them.
-    pub fn replace_tracking(&mut self, old: &mut WindowOperator) {
-        if let Some(removed) = old.removed.take() {
-            self.state.track();
-            self.removed = Some(removed);
+    /// Accumulators converted by `plugin`'s `migrate` from state schema `from`, one per
+    /// open slot in the state's order, for [`Self::swap_plugin`]; the operator is not
+    /// changed (a refusal leaves it as it was).
+    pub fn migrated(&self, plugin: &mut Plugin, from: u32) -> Result<Vec<Vec<u8>>> {
+        let accs: Vec<&[u8]> = self.state.iter().map(|(_, _, s)| s.acc.as_slice()).collect();
+        let mut out = Vec::with_capacity(accs.len());
+        for chunk in accs.chunks(self.batch_size.max(1)) {
+            let m = plugin.migrate(from, &packed_of(chunk.iter().copied()))?;
+            out.extend((0..chunk.len()).map(|i| packed_item(&m, i).to_vec()));
         }
+        Ok(out)
+    }
+
+    /// Run `plugin` from now on (a live deploy), as restoring a savepoint of this operator
+    /// with it would: accumulators replaced by `migrated` (from [`Self::migrated`], when
+    /// the state schema changes), rows held for an ordered plugin handed over again (their
+    /// slots start from a fresh accumulator). Unordered plugins must have been flushed;
+    /// the caller sets the new plugin's columns ([`Self::set_columns`]). Returns the old
+    /// plugin.
+    pub fn swap_plugin(&mut self, plugin: Plugin, migrated: Option<Vec<Vec<u8>>>) -> Plugin {
+        if let Some(accs) = migrated {
+            let slots: Vec<(u32, i64)> = self.state.iter().map(|(k, id, _)| (k, id)).collect();
+            for ((k, id), acc) in slots.into_iter().zip(accs) {
+                self.state.set_acc(k, id, &acc);
+            }
+        }
+        // Rows in the order a savepoint holds them: held (by key, then slot), then staged.
+        let mut held: Vec<((u32, i64), Vec<Row>)> = self.held.drain().collect();
+        held.sort_by(|a, b| (self.keys.encoded(a.0 .0), a.0 .1).cmp(&(self.keys.encoded(b.0 .0), b.0 .1)));
+        let staged = self.batch.rows();
+        let types: Vec<FieldType> = plugin.info().fields.iter().map(|f| f.type_).collect();
+        self.batch = Batch::new(&types, self.key_arity, plugin.info().ordered_input);
+        for ((k, id), rows) in held {
+            self.state.set_acc(k, id, &[]);
+            rows.iter().for_each(|r| self.batch.push(r));
+        }
+        staged.iter().for_each(|r| self.batch.push(r));
+        self.reopened.clear();
+        std::mem::replace(&mut self.plugin, plugin)
     }
 
     /// Where the plugin's columns are in the decoder's projection (the decoder was rebuilt
@@ -608,8 +640,12 @@ impl WindowOperator {
     }
 
     /// The rows held for an ordered plugin, when one of them does not `fit` (a plugin
-    /// about to take them): how many there are, and the first that does not.
+    /// about to take them): how many there are, and the first that does not. (An
+    /// unordered plugin's staged rows are its own: they are flushed to it first.)
     pub fn unfit_row(&self, fits: impl Fn(&[Value]) -> bool) -> Option<(usize, SavedRow)> {
+        if !self.batch.ordered() {
+            return None;
+        }
         let rows = self.saved_rows();
         let n = rows.len();
         rows.into_iter().find(|r| !fits(&r.values)).map(|r| (n, r))

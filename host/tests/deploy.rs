@@ -53,16 +53,19 @@ fn ended(child: Child) -> String {
 /// The offline procedure into `off/`: a bounded run of the whole input that stops with a
 /// savepoint after `at` records, then `km0 deploy min-stock-v2 --from-savepoint` from it.
 fn offline_deploy(dir: &Path, job: &Path, at: u64) {
+    offline_deploy_of(dir, job, at, "min-stock-v2")
+}
+
+fn offline_deploy_of(dir: &Path, job: &Path, at: u64, new: &str) {
     let off = dir.join("off.toml");
     std::fs::write(&off, std::fs::read_to_string(job).unwrap().replace("out/", "off/")).unwrap();
     let off = off.to_string_lossy().to_string();
     let r = km0(&["run", "--http", "off", "--stop-with-savepoint-after", &at.to_string(), &off]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let savepoint = dir.join(format!("off/savepoints/savepoint-{at:012}"));
-    let v2 = plugin("min-stock-v2");
     let r = km0(&[
         "deploy",
-        &v2.to_string_lossy(),
+        &plugin(new).to_string_lossy(),
         "--from-savepoint",
         &savepoint.to_string_lossy(),
         "--pipeline",
@@ -251,4 +254,70 @@ fn a_live_deploy_needs_a_running_job_to_answer() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not answer"));
+}
+
+#[test]
+fn a_live_swap_of_an_ordered_plugin_hands_its_held_panes_to_the_new_instance() {
+    // The delivery panel: `distance` (ordered input, sliding panes held until their last
+    // window is past) and `session-gap` (left alone). distance 0.3 (same state schema,
+    // other logic: it counts positions and adds no metres) is deployed mid-stream: the
+    // held panes are handed to it again, so every window fired after the swap reports 0
+    // metres, and the output is that of the offline deploy at the same record. distance
+    // 0.2 reads a third field, which the held rows do not have: refused.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = km0::generate::DeliveryStream { riders: 40, minutes: 40, seed: 45, ..Default::default() };
+    let mut text = Vec::new();
+    km0::generate::delivery_stream(&spec, &mut text).unwrap();
+    let text = String::from_utf8(text).unwrap();
+    let n = text.lines().count();
+    let (first, rest) = split(&text, n / 2);
+    std::fs::write(dir.path().join("live.jsonl"), &first).unwrap();
+    let example = std::fs::read_to_string(repo().join("examples/delivery-panel/pipeline.toml")).unwrap();
+    let job = dir.path().join("panel.toml");
+    std::fs::write(
+        &job,
+        example
+            .replace("data/posiciones.jsonl", "live.jsonl")
+            .replace("../../plugins/dist", &repo().join("plugins/dist").to_string_lossy()),
+    )
+    .unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, (n / 2) as u64);
+
+    let (code, body) = send(
+        &url,
+        "POST",
+        "/api/v1/deployments",
+        Some(TOKEN),
+        &std::fs::read(plugin("distance-v2")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("rows are held"), "{body}");
+    let d = deploy(&url, "distance-v3");
+    assert_eq!(d["aggregations"], serde_json::json!(["distancia"]), "{d}");
+    assert_eq!(d["at_record"], (n / 2) as u64);
+    assert_eq!(d["migrated"], serde_json::json!([]));
+    // The rollback savepoint made the sink durable up to the swap.
+    let before = std::fs::read_to_string(dir.path().join("out/panel.jsonl")).unwrap().lines().count();
+    append(dir.path(), &rest);
+    wait_for_read(&url, n as u64);
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    ended(child);
+
+    offline_deploy_of(dir.path(), &job, (n / 2) as u64, "distance-v3");
+    let outputs = |out: &str| {
+        ["panel.jsonl", "late.jsonl", "dead-letter.jsonl"]
+            .map(|f| std::fs::read_to_string(dir.path().join(out).join(f)).unwrap_or_default())
+    };
+    let live = outputs("out");
+    let after: Vec<serde_json::Value> =
+        live[0].lines().skip(before).map(json).filter(|r| r["value"].get("distancia_m").is_some()).collect();
+    assert!(after.len() > 100, "{} distance windows fired after the swap", after.len());
+    for r in &after {
+        assert_eq!(r["value"]["distancia_m"], 0.0, "a pane distance 0.1 computed reached 0.3: {r}");
+    }
+    assert!(live == outputs("off"), "the live swap of an ordered plugin differs from the offline deploy");
 }

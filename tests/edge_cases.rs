@@ -294,7 +294,7 @@ path = "out/dead.jsonl"
     let stopped = run(&p, RunOptions { stop_with_savepoint_after: Some(10_000), ..Default::default() });
     let sp = stopped.savepoint.unwrap();
     let s = job::deploy(&p, &plugin("session-gap"), &sp, &RunOptions::default(), &runtime).unwrap();
-    assert_eq!(s.migrated, vec![("sesion".to_string(), 1, 1)]);
+    assert!(s.migrated.is_empty(), "the same state schema: nothing to migrate ({:?})", s.migrated);
     assert_eq!(std::fs::read_to_string(dir.path().join("out/r.jsonl")).unwrap(), want);
     assert_eq!(s.counters, full.counters);
 }

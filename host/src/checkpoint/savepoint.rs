@@ -28,8 +28,9 @@ use crate::plugin::batch::Value;
 use crate::plugin::PluginIdentity;
 use crate::sink::SinkPosition;
 use crate::source::SourcePosition;
+use crate::state::captured::put_key;
 use crate::time::WatermarkState;
-use crate::window::operator::{OperatorCounters, SavedRow, SavedSlot, Snapshot};
+use crate::window::operator::{Capture, OperatorCounters, SavedRow, SavedSlot, Snapshot};
 use crate::window::Window;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -111,29 +112,16 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// A key: its field count, then the encoded fields (each u32 length + UTF-8 bytes).
-fn put_key(out: &mut Vec<u8>, key: &[u8]) {
-    let arity = crate::state::arity_of(key).unwrap_or(0);
-    out.extend_from_slice(&(arity as u32).to_le_bytes());
-    out.extend_from_slice(key);
-}
-
-fn encode_state(snapshots: &[Snapshot]) -> Vec<u8> {
-    let mut out = Vec::new();
+fn encode_state(captures: &[Capture]) -> Vec<u8> {
+    let len = captures.iter().map(|c| c.slots.bytes.len() + 16).sum::<usize>() + 16;
+    let mut out = Vec::with_capacity(len);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(snapshots.len() as u32).to_le_bytes());
-    for snap in snapshots {
-        out.extend_from_slice(&(snap.slots.len() as u64).to_le_bytes());
-        for s in &snap.slots {
-            put_key(&mut out, &s.key);
-            out.extend_from_slice(&s.id.to_le_bytes());
-            out.extend_from_slice(&s.window.start.to_le_bytes());
-            out.extend_from_slice(&s.window.end.to_le_bytes());
-            out.extend_from_slice(&(s.acc.len() as u32).to_le_bytes());
-            out.extend_from_slice(&s.acc);
-        }
-        encode_rows_into(&mut out, &snap.rows);
+    out.extend_from_slice(&(captures.len() as u32).to_le_bytes());
+    for c in captures {
+        out.extend_from_slice(&c.slots.count.to_le_bytes());
+        out.extend_from_slice(&c.slots.bytes);
+        encode_rows_into(&mut out, &c.rows);
     }
     out
 }
@@ -224,7 +212,7 @@ fn temp_folder(dir: &Path) -> Result<PathBuf> {
 }
 
 /// Write a savepoint into the new folder `dir`. `meta.state` is filled in here.
-pub fn write(dir: &Path, meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<SavepointMeta> {
+pub fn write(dir: &Path, meta: SavepointMeta, snapshots: &[Capture]) -> Result<SavepointMeta> {
     write_with(dir, meta, snapshots, &[])
 }
 
@@ -233,7 +221,7 @@ pub fn write(dir: &Path, meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<
 pub fn write_with(
     dir: &Path,
     mut meta: SavepointMeta,
-    snapshots: &[Snapshot],
+    snapshots: &[Capture],
     components: &[super::components::Component],
 ) -> Result<SavepointMeta> {
     let tmp = temp_folder(dir)?;
@@ -242,7 +230,7 @@ pub fn write_with(
     }
     let state = encode_state(snapshots);
     let state_sha = hex(&Sha256::digest(&state));
-    let windows = snapshots.iter().map(|s| s.slots.len() as u64).sum();
+    let windows = snapshots.iter().map(|s| s.slots.count).sum();
     meta.state =
         StateFile { file: STATE.into(), windows, bytes: state.len() as u64, sha256: state_sha.clone() };
     let meta_json =

@@ -5,14 +5,14 @@
 //! restart recovers from, and a corrupt one is skipped with a warning.
 
 use super::savepoint::{self, Savepoint, SavepointMeta};
-use crate::window::operator::Snapshot;
+use crate::window::operator::Capture;
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
 /// Storage of numbered snapshots.
 pub trait SnapshotStore {
     /// Write snapshot `n` atomically.
-    fn write(&self, n: u64, meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<String>;
+    fn write(&self, n: u64, meta: SavepointMeta, snapshots: &[Capture]) -> Result<String>;
     /// Numbers of the snapshots present, ascending (complete or not: `read` verifies).
     fn list(&self) -> Result<Vec<u64>>;
     /// Read and verify snapshot `n`.
@@ -51,7 +51,7 @@ impl LocalStore {
 }
 
 impl SnapshotStore for LocalStore {
-    fn write(&self, n: u64, meta: SavepointMeta, snapshots: &[Snapshot]) -> Result<String> {
+    fn write(&self, n: u64, meta: SavepointMeta, snapshots: &[Capture]) -> Result<String> {
         let path = self.path(n);
         savepoint::write(&path, meta, snapshots)?;
         Ok(path.display().to_string())

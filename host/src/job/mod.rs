@@ -39,7 +39,7 @@ use crate::source::kafka::PartitionLag;
 use crate::source::{Position, Source, SourcePosition};
 use crate::state::rocks::{Changes, RocksState};
 use crate::time::{Idleness, Watermarks};
-use crate::window::operator::{Emitted, OperatorCounters, Snapshot, Verdict, WindowOperator};
+use crate::window::operator::{Capture, Emitted, OperatorCounters, Verdict, WindowOperator};
 use crate::window::Window;
 use crate::{metrics, Error, Result};
 use serde::{Deserialize, Serialize};

@@ -490,7 +490,7 @@ impl Job {
                 return Err(refuse(unfit_rows(op.name(), snap.rows.len(), op.plugin(), bad)));
             }
             let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
-            if deploying {
+            if deploying && old.state_schema != new.state_schema {
                 op.migrate(old.state_schema, &mut snap).map_err(|e| {
                     Error::Deploy(format!(
                         "{} {} (state schema {}) cannot take the savepoint's state (schema {}): {e}",
@@ -499,6 +499,7 @@ impl Job {
                 })?;
                 migrated.push((op.name().to_string(), old.state_schema, new.state_schema));
             } else if old.state_schema != new.state_schema {
+                // (Not deploying: the same logic must read the same layout.)
                 return Err(refuse(format!(
                     "the savepoint's accumulators have state schema {} but {} {} uses schema {}: deploy it with \
                      `km0 deploy PLUGIN.wasm --from-savepoint {}` to migrate",
@@ -535,12 +536,12 @@ impl Job {
         &mut self,
         pipeline: &Pipeline,
         source: &Source,
-    ) -> Result<(SavepointMeta, Vec<Snapshot>)> {
+    ) -> Result<(SavepointMeta, Vec<Capture>)> {
         let mut snapshots = Vec::new();
         for op in &mut self.ops {
-            snapshots.push(op.snapshot()?);
+            snapshots.push(op.capture()?);
         }
-        let counts = snapshots.iter().map(|s| (s.slots.len() as u64, s.rows.len() as u64)).collect();
+        let counts = snapshots.iter().map(|s| (s.slots.count, s.rows.len() as u64)).collect();
         let meta = self.meta(pipeline, source, counts)?;
         Ok((meta, snapshots))
     }

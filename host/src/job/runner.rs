@@ -349,7 +349,7 @@ pub(super) fn write_savepoint(
 pub(super) fn store_savepoint(
     job: &mut Job,
     meta: SavepointMeta,
-    snapshots: &[Snapshot],
+    snapshots: &[Capture],
     source: &Source,
     dir: &Path,
 ) -> Result<PathBuf> {
@@ -380,7 +380,7 @@ pub(super) fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
 pub(super) fn write_savepoint_files(
     path: &Path,
     meta: SavepointMeta,
-    snapshots: &[Snapshot],
+    snapshots: &[Capture],
     components: &[Component],
 ) -> Result<()> {
     meta.sinks.iter().try_for_each(crate::sink::sync)?;

@@ -4,6 +4,7 @@
 //! Keeping accumulators as bytes in the host is what lets savepoints and plugin upgrades
 //! work without ever reading a guest's memory.
 
+pub mod captured;
 pub mod rocks;
 
 use crate::window::Window;

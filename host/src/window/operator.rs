@@ -16,6 +16,7 @@ use crate::pipeline::WindowSpec;
 use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, Row, Value};
 use crate::plugin::{packed_item, FieldType, Groups, OnError, Packed, Plugin, PluginIdentity};
 use crate::source::json::Scalar;
+use crate::state::captured::CapturedSlots;
 use crate::state::{KeyTable, Timer, TimerKind, WindowState};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -97,6 +98,14 @@ pub struct SavedRow {
     pub values: Vec<Value>,
 }
 
+/// An operator's state captured for a snapshot (written by another thread).
+#[derive(Debug, Clone, Default)]
+pub struct Capture {
+    pub slots: CapturedSlots,
+    pub rows: Vec<SavedRow>,
+    pub counters: OperatorCounters,
+}
+
 /// An operator's state as savepoints hold it.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -127,6 +136,8 @@ pub struct WindowOperator {
     batch: Batch,
     batch_size: usize,
     key_arity: usize,
+    /// Bytes the last capture took.
+    captured_bytes: usize,
     plugin: Plugin,
     /// (projection slot, type) of each plugin column.
     columns: Vec<(usize, FieldType)>,
@@ -178,6 +189,7 @@ impl WindowOperator {
             batch: Batch::new(&types, key_arity, plugin.info().ordered_input),
             batch_size,
             key_arity,
+            captured_bytes: 0,
             plugin,
             columns,
             next_fire: i64::MAX,
@@ -1105,26 +1117,20 @@ impl WindowOperator {
         Ok(())
     }
 
-    /// The operator's state for a savepoint: unordered plugins are flushed first, so only
+    /// The operator's state for a snapshot: unordered plugins are flushed first, so only
     /// ordered plugins leave staged rows (of incomplete slots).
-    pub fn snapshot(&mut self) -> Result<Snapshot> {
+    pub fn capture(&mut self) -> Result<Capture> {
         if !self.batch.ordered() {
             self.flush(None)?;
         }
         self.drop_doomed();
-        let keys = &self.keys;
-        let slots = self
-            .state
-            .iter()
-            .map(|(k, id, s)| SavedSlot {
-                key: keys.encoded(k).to_vec(),
-                id,
-                window: s.window,
-                acc: s.acc.clone(),
-            })
-            .collect();
-        let rows = self.saved_rows();
-        Ok(Snapshot { slots, rows, counters: self.counters.clone() })
+        let mut slots = CapturedSlots::with_capacity(self.state.len(), self.captured_bytes);
+        for (k, id, s) in self.state.iter() {
+            slots.push(self.keys.encoded(k), id, s.window, &s.acc);
+        }
+        // The next capture reserves what this one took.
+        self.captured_bytes = slots.bytes.len();
+        Ok(Capture { slots, rows: self.saved_rows(), counters: self.counters.clone() })
     }
 
     /// Rows an ordered plugin holds, for checkpoints: those handed over (held until their

@@ -178,11 +178,25 @@ pub fn decode_rows(bytes: &[u8]) -> Result<Vec<SavedRow>, String> {
 /// files carry their own checksums) are written around it, atomically.
 pub fn write_external(
     dir: &Path,
-    mut meta: SavepointMeta,
+    meta: SavepointMeta,
     state_dir: &str,
     write_state: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<SavepointMeta> {
+    write_external_with(dir, meta, state_dir, &[], write_state)
+}
+
+/// [`write_external`], with the deployed plugin components the job runs.
+pub fn write_external_with(
+    dir: &Path,
+    mut meta: SavepointMeta,
+    state_dir: &str,
+    components: &[super::components::Component],
+    write_state: impl FnOnce(&Path) -> Result<()>,
+) -> Result<SavepointMeta> {
     let tmp = temp_folder(dir)?;
+    for c in components {
+        c.put(&tmp)?;
+    }
     write_state(&tmp.join(state_dir))?;
     let windows = meta.operators.iter().map(|o| o.slots).sum();
     meta.state = StateFile { file: state_dir.into(), windows, bytes: 0, sha256: String::new() };

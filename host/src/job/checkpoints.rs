@@ -20,6 +20,14 @@ impl CheckpointStats {
     }
 }
 
+/// What a snapshot being written is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Written {
+    Checkpoint(u64),
+    /// A savepoint (RocksDB backend) written like a checkpoint, at this path.
+    Savepoint(PathBuf),
+}
+
 /// Takes periodic checkpoints into a store. Processing stops only to capture the
 /// snapshot; encoding, hashing and writing it happen on a background thread, one
 /// checkpoint at a time.
@@ -31,8 +39,9 @@ pub(super) struct Checkpointer {
     pub(super) next: u64,
     pub(super) last: Instant,
     pub(super) records_at_last: u64,
-    /// The checkpoint being written: its number and the source position it holds.
-    pub(super) writing: Option<(std::thread::JoinHandle<Result<()>>, u64, SourcePosition)>,
+    /// The snapshot being written: a checkpoint (its number) or a savepoint, and the
+    /// source position it holds.
+    pub(super) writing: Option<(std::thread::JoinHandle<Result<()>>, Written, SourcePosition)>,
     /// Wait for every checkpoint before going on (the sink commits at completion).
     pub(super) synchronous: bool,
     /// The newest checkpoints of this run, for the control API.
@@ -96,7 +105,7 @@ impl Checkpointer {
                 })
             }
         };
-        self.writing = Some((writer, n, position));
+        self.writing = Some((writer, Written::Checkpoint(n), position));
         let info = super::commands::CheckpointInfo {
             id: format!("chk-{n:06}"),
             taken_at_ms: metrics::now_ms(),
@@ -129,23 +138,63 @@ impl Checkpointer {
         if !done {
             return Ok(());
         }
-        let Some((h, n, position)) = self.writing.take() else { return Ok(()) };
+        let Some((h, what, position)) = self.writing.take() else { return Ok(()) };
         let written =
             h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into())).and_then(|r| r);
-        if let Some((info, taken)) =
-            self.history.iter_mut().rev().find(|(i, _)| i.id == format!("chk-{n:06}"))
-        {
-            info.status = if written.is_ok() { "complete" } else { "failed" }.into();
-            info.write_ms = Some(taken.elapsed().as_secs_f64() * 1e3);
+        if let Written::Checkpoint(n) = what {
+            if let Some((info, taken)) =
+                self.history.iter_mut().rev().find(|(i, _)| i.id == format!("chk-{n:06}"))
+            {
+                info.status = if written.is_ok() { "complete" } else { "failed" }.into();
+                info.write_ms = Some(taken.elapsed().as_secs_f64() * 1e3);
+            }
         }
         written?;
         source.checkpoint_complete(&position);
         if let Some(out) = job.output.as_mut() {
             out.checkpoint_complete()?;
-            if out.commits_on_completion() {
+            if let (true, Written::Checkpoint(n)) = (out.commits_on_completion(), what) {
                 self.store.mark_committed(n)?;
             }
         }
         Ok(())
+    }
+
+    /// Start writing a savepoint at `path` the way this job's checkpoints are written,
+    /// when that is incremental (the RocksDB backend): the changes since the last
+    /// checkpoint are applied to the RocksDB copy of the state and a RocksDB checkpoint of
+    /// it goes into the savepoint, so processing stops only to collect the changes. False
+    /// with the memory backend (the caller captures the whole state). The savepoint is
+    /// durable once [`Checkpointer::completed`] has seen it.
+    pub(super) fn savepoint(
+        &mut self,
+        job: &mut Job,
+        pipeline: &Pipeline,
+        source: &Source,
+        path: &Path,
+    ) -> Result<bool> {
+        let Some(rocks) = self.rocks.clone() else { return Ok(false) };
+        self.completed(job, source, true)?;
+        let (meta, changes) = job.changes(pipeline, source)?;
+        let components: Vec<Component> = job.components.iter().flatten().cloned().collect();
+        let to = path.to_path_buf();
+        let writer = std::thread::spawn(move || {
+            meta.sinks.iter().try_for_each(crate::sink::sync)?;
+            savepoint::write_external_with(&to, meta, "rocksdb", &components, |dir| {
+                rocks.apply_and_checkpoint(&changes, dir)
+            })?;
+            tracing::info!(path = %to.display(), "savepoint written");
+            Ok(())
+        });
+        self.writing = Some((writer, Written::Savepoint(path.to_path_buf()), source.position()));
+        if self.synchronous {
+            self.completed(job, source, true)?;
+        }
+        Ok(true)
+    }
+
+    /// Whether a snapshot is being written.
+    pub(super) fn busy(&self) -> bool {
+        self.writing.as_ref().is_some_and(|(h, _, _)| !h.is_finished())
     }
 }

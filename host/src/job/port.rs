@@ -26,6 +26,8 @@ pub(super) struct LoopControl {
 
 struct PendingDeploy {
     writer: Option<SavepointWriter>,
+    /// A checkpoint is to follow the swap (taken once no snapshot is being written).
+    checkpoint_wanted: bool,
     checkpoint: Option<String>,
     reply: DeployReply,
     record: Deployed,
@@ -72,7 +74,13 @@ impl LoopControl {
                         c.completed(job, source, true)?;
                     }
                     self.answer_pending(checkpoints.as_deref(), true);
-                    match write_savepoint(job, pipeline, source, &self.savepoint_dir) {
+                    match write_savepoint(
+                        job,
+                        pipeline,
+                        source,
+                        checkpoints.as_deref_mut(),
+                        &self.savepoint_dir,
+                    ) {
                         Ok((path, _)) => {
                             self.last_savepoint = Some(path.clone());
                             let _ = reply.send(Ok(path));
@@ -84,7 +92,7 @@ impl LoopControl {
                     }
                 }
                 Command::Deploy { deployment, reply } => {
-                    self.deploy(pipeline, job, source, checkpoints.as_deref_mut(), stats, deployment, reply)?
+                    self.deploy(pipeline, job, source, checkpoints.as_deref_mut(), deployment, reply)?
                 }
                 Command::Stop { mode, reply } => {
                     stop = Some((mode, reply));
@@ -92,6 +100,7 @@ impl LoopControl {
                 }
             }
         }
+        self.checkpoint_after_swap(pipeline, job, source, checkpoints.as_deref_mut(), stats)?;
         self.answer_pending(checkpoints.as_deref(), false);
         if self.published.elapsed() >= STATUS_EVERY || acted {
             self.published = Instant::now();
@@ -107,25 +116,26 @@ impl LoopControl {
         Ok(stop)
     }
 
-    /// Swap in a deployment now (see [`super::swap`]); the reply waits for the checkpoint
-    /// taken after the swap.
-    #[allow(clippy::too_many_arguments)]
+    /// Swap in a deployment now (see [`super::swap`]); the reply waits for the rollback
+    /// savepoint and the checkpoint taken after the swap.
     fn deploy(
         &mut self,
         pipeline: &Pipeline,
         job: &mut Job,
         source: &mut Source,
         mut checkpoints: Option<&mut Checkpointer>,
-        stats: &mut CheckpointStats,
         deployment: super::swap::Deployment,
         reply: DeployReply,
     ) -> Result<()> {
         let t = Instant::now();
-        // A checkpoint or savepoint being written completes first (sinks commit in order).
+        // (The API sends one deploy at a time: none is pending.) A sink that commits when a
+        // snapshot is durable sees them in order; an incremental rollback savepoint waits
+        // for the checkpoint being written by itself.
         if let Some(c) = checkpoints.as_deref_mut() {
-            c.completed(job, source, true)?;
+            if job.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
+                c.completed(job, source, true)?;
+            }
         }
-        self.answer_pending(checkpoints.as_deref(), true);
         let Some(to) = deployment.plugins.first().map(|(_, p)| p.identity().clone()) else {
             let _ = reply.send(Err(Refused::new(409, "the component replaces no aggregation")));
             return Ok(());
@@ -151,18 +161,14 @@ impl LoopControl {
             swap_ms: 0.0,
             prepare_ms: deployment.prepare.as_secs_f64() * 1e3,
         };
-        match job.swap(pipeline, source, deployment, &self.savepoint_dir) {
+        let wanted = checkpoints.is_some();
+        match job.swap(pipeline, source, checkpoints, deployment, &self.savepoint_dir) {
             Ok(swapped) => {
                 self.last_savepoint = Some(swapped.savepoint.clone());
                 record.savepoint = Some(swapped.savepoint);
                 record.migrated = swapped.migrated;
                 record.savepoint_ms = swapped.savepoint_time.as_secs_f64() * 1e3;
                 record.swap_ms = swapped.swap_time.as_secs_f64() * 1e3;
-                // From now on a crash recovers with the new plugin.
-                if let Some(c) = checkpoints {
-                    stats.add(c.take(job, pipeline, source)?);
-                    record.checkpoint = c.history.back().map(|(info, _)| info.id.clone());
-                }
                 record.pause_ms = t.elapsed().as_secs_f64() * 1e3;
                 tracing::info!(
                     aggregations = ?record.aggregations,
@@ -174,8 +180,13 @@ impl LoopControl {
                     "plugin swapped"
                 );
                 self.deployments.push(record.clone());
-                let checkpoint = record.checkpoint.clone();
-                self.pending = Some(PendingDeploy { writer: swapped.writer, checkpoint, reply, record });
+                self.pending = Some(PendingDeploy {
+                    writer: swapped.writer,
+                    checkpoint_wanted: wanted,
+                    checkpoint: None,
+                    reply,
+                    record,
+                });
                 Ok(())
             }
             Err(NotSwapped::Refused(refused, savepoint)) => {
@@ -195,10 +206,35 @@ impl LoopControl {
         }
     }
 
+    /// The checkpoint that follows a swap (from then on a crash recovers with the new
+    /// plugin), once the snapshot being written (the rollback savepoint) is done.
+    fn checkpoint_after_swap(
+        &mut self,
+        pipeline: &Pipeline,
+        job: &mut Job,
+        source: &mut Source,
+        checkpoints: Option<&mut Checkpointer>,
+        stats: &mut CheckpointStats,
+    ) -> Result<()> {
+        let Some(p) = self.pending.as_mut().filter(|p| p.checkpoint_wanted) else { return Ok(()) };
+        let Some(c) = checkpoints.filter(|c| !c.busy()) else { return Ok(()) };
+        stats.add(c.take(job, pipeline, source)?);
+        p.checkpoint_wanted = false;
+        p.checkpoint = c.history.back().map(|(info, _)| info.id.clone());
+        p.record.checkpoint = p.checkpoint.clone();
+        if let Some(d) = self.deployments.iter_mut().rev().find(|d| d.id == p.record.id) {
+            d.checkpoint = p.checkpoint.clone();
+        }
+        Ok(())
+    }
+
     /// Answer the last deploy once its rollback savepoint and its checkpoint are
     /// durable (with `wait`, now: its checkpoint has been completed by the caller).
     pub(super) fn answer_pending(&mut self, checkpoints: Option<&Checkpointer>, wait: bool) {
         let Some(p) = &self.pending else { return };
+        if p.checkpoint_wanted && !wait {
+            return;
+        }
         let checkpoint = p.checkpoint.as_ref().map(|id| {
             checkpoints
                 .and_then(|c| c.history.iter().find(|(info, _)| info.id == *id))

@@ -225,7 +225,8 @@ pub(super) fn start(
         set_state(handle, "stopping");
     }
     let ended = if stopped {
-        let (path, pause) = write_savepoint(&mut job, pipeline, &source, &savepoint_dir)?;
+        let (path, pause) =
+            write_savepoint(&mut job, pipeline, &source, checkpoints.as_mut(), &savepoint_dir)?;
         savepoint_pause = pause;
         savepoint_path = Some(path);
         Ok(())
@@ -324,14 +325,23 @@ pub(super) fn report_lag(source: &Source, at: &mut LagReport) {
 }
 
 /// Write a savepoint of the job now (the sinks synced first; a transactional sink commits
-/// what it covers once it is durable). Returns its path and how long processing stopped.
+/// what it covers once it is durable): incrementally with the RocksDB backend, else the
+/// whole state. Returns its path and how long processing stopped.
 pub(super) fn write_savepoint(
     job: &mut Job,
     pipeline: &Pipeline,
     source: &Source,
+    checkpoints: Option<&mut Checkpointer>,
     dir: &Path,
 ) -> Result<(PathBuf, Duration)> {
     let t = Instant::now();
+    if let Some(c) = checkpoints {
+        let path = savepoint_path(dir, source.records());
+        if c.savepoint(job, pipeline, source, &path)? {
+            c.completed(job, source, true)?;
+            return Ok((path, t.elapsed()));
+        }
+    }
     let (meta, snapshots) = job.snapshot(pipeline, source)?;
     let captured = t.elapsed();
     let path = store_savepoint(job, meta, &snapshots, source, dir)?;

@@ -10,13 +10,15 @@
 //!    effect `km0 deploy --from-savepoint` has on that savepoint's state (held rows of
 //!    ordered plugins handed over again) but without rebuilding keys, slots and timers.
 //!    Anything refused or failing before the swap leaves the job as it was.
-//! 3. The loop then takes a checkpoint, so that a crash from then on recovers with the new
-//!    plugin (its component is stored with the checkpoints and in every later savepoint,
+//! 3. Once the rollback savepoint is written, the loop takes a checkpoint, so that a crash
+//!    from then on recovers with the new plugin (the deploy is answered when both are
+//!    durable) (its component is stored with the checkpoints and in every later savepoint,
 //!    [`crate::checkpoint::components`]).
 //!
 //! So the output of a live swap is that of stopping with a savepoint at the same record
 //! and deploying offline from it.
 
+use super::checkpoints::Checkpointer;
 use super::commands::Refused;
 use super::route::{results_fingerprint, row_fits, unfit_rows, Job};
 use super::runner::{savepoint_path, store_savepoint, write_savepoint_files};
@@ -156,6 +158,7 @@ impl Job {
         &mut self,
         pipeline: &Pipeline,
         source: &Source,
+        checkpoints: Option<&mut Checkpointer>,
         d: Deployment,
         savepoint_dir: &Path,
     ) -> std::result::Result<Swapped, NotSwapped> {
@@ -202,16 +205,24 @@ impl Job {
             (decoder, columns, results_fingerprint(pipeline, &plugins))
         };
 
-        // The rollback point: captured now, written by another thread (unless the sink
-        // commits when a snapshot is durable: then before going on).
+        // The rollback point: written like the job's checkpoints when they are
+        // incremental (RocksDB); otherwise captured now and written by another thread
+        // (before going on when the sink commits once a snapshot is durable).
         let t = Instant::now();
-        let (meta, snapshots) = self.snapshot(pipeline, source).map_err(NotSwapped::Failed)?;
-        let (savepoint, writer) = if self.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
+        let path = savepoint_path(savepoint_dir, source.records());
+        let incremental = match checkpoints {
+            Some(c) => c.savepoint(self, pipeline, source, &path).map_err(NotSwapped::Failed)?,
+            None => false,
+        };
+        let (savepoint, writer) = if incremental {
+            (path, None)
+        } else if self.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
+            let (meta, snapshots) = self.snapshot(pipeline, source).map_err(NotSwapped::Failed)?;
             let path =
                 store_savepoint(self, meta, &snapshots, source, savepoint_dir).map_err(NotSwapped::Failed)?;
             (path, None)
         } else {
-            let path = savepoint_path(savepoint_dir, source.records());
+            let (meta, snapshots) = self.snapshot(pipeline, source).map_err(NotSwapped::Failed)?;
             let components: Vec<Component> = self.components.iter().flatten().cloned().collect();
             let to = path.clone();
             let writer = std::thread::Builder::new()

@@ -241,6 +241,18 @@ impl WindowState {
         }
     }
 
+    /// Replace every accumulator, in [`WindowState::iter`]'s order, by the next of `next`
+    /// (the state unchanged since that iteration).
+    pub fn replace_accs<'a>(&mut self, mut next: impl FnMut() -> &'a [u8]) {
+        for slot in self.slots.values_mut() {
+            slot.acc.clear();
+            slot.acc.extend_from_slice(next());
+        }
+        if let Some(d) = &mut self.dirty {
+            d.extend(self.slots.keys().copied());
+        }
+    }
+
     /// Change an open slot's window (a session that grew).
     pub fn set_window(&mut self, key: u32, id: i64, window: Window) {
         if let Some(slot) = self.slots.get_mut(&(key, id)) {

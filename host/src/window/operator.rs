@@ -606,12 +606,11 @@ impl WindowOperator {
     /// Accumulators converted by `plugin`'s `migrate` from state schema `from`, one per
     /// open slot in the state's order, for [`Self::swap_plugin`]; the operator is not
     /// changed (a refusal leaves it as it was).
-    pub fn migrated(&self, plugin: &mut Plugin, from: u32) -> Result<Vec<Vec<u8>>> {
+    pub fn migrated(&self, plugin: &mut Plugin, from: u32) -> Result<Vec<Packed>> {
         let accs: Vec<&[u8]> = self.state.iter().map(|(_, _, s)| s.acc.as_slice()).collect();
-        let mut out = Vec::with_capacity(accs.len());
+        let mut out = Vec::with_capacity(accs.len() / self.batch_size.max(1) + 1);
         for chunk in accs.chunks(self.batch_size.max(1)) {
-            let m = plugin.migrate(from, &packed_of(chunk.iter().copied()))?;
-            out.extend((0..chunk.len()).map(|i| packed_item(&m, i).to_vec()));
+            out.push(plugin.migrate(from, &packed_of(chunk.iter().copied()))?);
         }
         Ok(out)
     }
@@ -622,12 +621,11 @@ impl WindowOperator {
     /// slots start from a fresh accumulator). Unordered plugins must have been flushed;
     /// the caller sets the new plugin's columns ([`Self::set_columns`]). Returns the old
     /// plugin.
-    pub fn swap_plugin(&mut self, plugin: Plugin, migrated: Option<Vec<Vec<u8>>>) -> Plugin {
-        if let Some(accs) = migrated {
-            let slots: Vec<(u32, i64)> = self.state.iter().map(|(k, id, _)| (k, id)).collect();
-            for ((k, id), acc) in slots.into_iter().zip(accs) {
-                self.state.set_acc(k, id, &acc);
-            }
+    pub fn swap_plugin(&mut self, plugin: Plugin, migrated: Option<Vec<Packed>>) -> Plugin {
+        if let Some(chunks) = migrated {
+            // The state has not changed since: its order is the one migrated.
+            let mut accs = chunks.iter().flat_map(|m| (0..m.ends.len()).map(move |i| packed_item(m, i)));
+            self.state.replace_accs(|| accs.next().unwrap_or_default());
         }
         // Rows in the order a savepoint holds them: held (by key, then slot), then staged.
         let mut held: Vec<((u32, i64), Vec<Row>)> = self.held.drain().collect();

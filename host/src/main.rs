@@ -274,6 +274,8 @@ fn control(
     http: Option<&str>,
     runtime: &std::sync::Arc<PluginRuntime>,
 ) -> Result<Option<job::commands::ControlHandle>> {
+    // `--http`, else the pipeline's `[control] http`, else the default address.
+    let http = http.or(pipeline.control.http.as_deref());
     let addr = match http {
         Some("off") => return Ok(None),
         Some(a) => a,
@@ -285,7 +287,11 @@ fn control(
     // Beside the job's state folder (which a RocksDB start clears), not in it.
     let token = km0::control::token_for(&parsed, &pipeline.state.dir.with_extension("token"))?;
     let mut handle = job::commands::ControlHandle::new();
-    handle.deployer = Some(std::sync::Arc::new(job::swap::Deployer::new(runtime.clone(), pipeline.clone())));
+    let mut deployer = job::swap::Deployer::new(runtime.clone(), pipeline.clone());
+    if let Some(max) = pipeline.control.max_upload_bytes {
+        deployer.max_bytes = max;
+    }
+    handle.deployer = Some(std::sync::Arc::new(deployer));
     match km0::control::serve(parsed, token, handle.clone()) {
         Ok(bound) => {
             eprintln!("km0: control API on http://{bound}");

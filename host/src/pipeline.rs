@@ -28,6 +28,17 @@ pub struct Pipeline {
     pub checkpoints: Option<CheckpointSpec>,
     /// Where checkpoints take their state from.
     pub state: StateSpec,
+    /// `[control]`: the control API of a running job.
+    pub control: ControlSpec,
+}
+
+/// `[control]`: where a running job serves its control API (`--http` overrides it).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ControlSpec {
+    /// `HOST:PORT`, or `off`; none: the default address.
+    pub http: Option<String>,
+    /// The largest plugin component a live deploy takes, bytes.
+    pub max_upload_bytes: Option<usize>,
 }
 
 /// `[state]`: the state backend.
@@ -267,6 +278,17 @@ struct RawPipeline {
     checkpoints: Option<RawCheckpoints>,
     #[serde(default)]
     state: Option<RawState>,
+    #[serde(default)]
+    control: Option<RawControl>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawControl {
+    #[serde(default)]
+    http: Option<String>,
+    #[serde(default)]
+    max_upload_mb: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -790,6 +812,10 @@ impl Pipeline {
             savepoints,
             checkpoints,
             state,
+            control: raw
+                .control
+                .map(|c| ControlSpec { http: c.http, max_upload_bytes: c.max_upload_mb.map(|mb| mb << 20) })
+                .unwrap_or_default(),
         })
     }
 

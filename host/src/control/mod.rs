@@ -8,7 +8,8 @@
 //!   the newest checkpoints;
 //! - `GET /api/v1/checkpoints`: the newest checkpoints (id, when, pause, write time,
 //!   status);
-//! - `POST /api/v1/savepoints`: write a savepoint now, reply with its path;
+//! - `POST /api/v1/savepoints`: write a savepoint now, reply with its path (once it is
+//!   durable); `GET /api/v1/savepoints`: the savepoints of this run;
 //! - `POST /api/v1/stop?mode=savepoint|drain`: stop with a savepoint (the default), or
 //!   after firing every open window;
 //! - `POST /api/v1/deployments[?aggregation=NAME]`, the component's bytes as the body: a
@@ -120,7 +121,7 @@ fn router(api: Api) -> Router {
         .route("/readyz", get(readyz))
         .route("/api/v1/job", get(job))
         .route("/api/v1/checkpoints", get(checkpoints))
-        .route("/api/v1/savepoints", post(savepoint))
+        .route("/api/v1/savepoints", post(savepoint).get(savepoints))
         .route("/api/v1/stop", post(stop))
         .route("/api/v1/deployments", post(deploy).get(deployments))
         .layer(axum::extract::DefaultBodyLimit::max(max_upload))
@@ -218,6 +219,10 @@ async fn stop(State(api): State<Api>, headers: HeaderMap, Query(q): Query<StopQu
         Ok(path) => Json(serde_json::json!({ "stopped": true, "savepoint": path })).into_response(),
         Err(r) => r,
     }
+}
+
+async fn savepoints(State(api): State<Api>) -> Response {
+    Json(api.handle.status().savepoints).into_response()
 }
 
 async fn deployments(State(api): State<Api>) -> Response {

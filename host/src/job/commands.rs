@@ -126,6 +126,8 @@ pub struct JobStatus {
     /// The newest checkpoints of this run (at most [`CHECKPOINT_HISTORY`]), oldest first.
     pub checkpoint_history: Vec<CheckpointInfo>,
     pub last_savepoint: Option<PathBuf>,
+    /// The savepoints of this run (the newest [`CHECKPOINT_HISTORY`]), oldest first.
+    pub savepoints: Vec<PathBuf>,
     /// Live deploys of this run (swapped or refused), oldest first.
     pub deployments: Vec<Deployed>,
 }

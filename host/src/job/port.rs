@@ -17,7 +17,8 @@ pub(super) struct LoopControl {
     savepoint_dir: PathBuf,
     t0: Instant,
     published: Instant,
-    last_savepoint: Option<PathBuf>,
+    /// The savepoints this run has written (on demand, rollback points), oldest first.
+    savepoints: Vec<PathBuf>,
     deployments: Vec<Deployed>,
     /// A swap whose rollback savepoint or checkpoint is being written: answered once
     /// both are durable.
@@ -40,7 +41,7 @@ impl LoopControl {
             savepoint_dir,
             t0,
             published: Instant::now() - STATUS_EVERY,
-            last_savepoint: None,
+            savepoints: Vec::new(),
             deployments: Vec::new(),
             pending: None,
         }
@@ -82,7 +83,7 @@ impl LoopControl {
                         &self.savepoint_dir,
                     ) {
                         Ok((path, _)) => {
-                            self.last_savepoint = Some(path.clone());
+                            self.saved(&path);
                             let _ = reply.send(Ok(path));
                         }
                         Err(e) => {
@@ -164,7 +165,7 @@ impl LoopControl {
         let wanted = checkpoints.is_some();
         match job.swap(pipeline, source, checkpoints, deployment, &self.savepoint_dir) {
             Ok(swapped) => {
-                self.last_savepoint = Some(swapped.savepoint.clone());
+                self.saved(&swapped.savepoint);
                 record.savepoint = Some(swapped.savepoint);
                 record.migrated = swapped.migrated;
                 record.savepoint_ms = swapped.savepoint_time.as_secs_f64() * 1e3;
@@ -204,6 +205,13 @@ impl LoopControl {
                 Err(e)
             }
         }
+    }
+
+    fn saved(&mut self, path: &Path) {
+        if self.savepoints.len() == super::commands::CHECKPOINT_HISTORY {
+            self.savepoints.remove(0);
+        }
+        self.savepoints.push(path.to_path_buf());
     }
 
     /// The checkpoint that follows a swap (from then on a crash recovers with the new
@@ -294,7 +302,8 @@ impl LoopControl {
                 .collect(),
             checkpoints: stats.count,
             checkpoint_history: Vec::new(),
-            last_savepoint: self.last_savepoint.clone(),
+            last_savepoint: self.savepoints.last().cloned(),
+            savepoints: self.savepoints.clone(),
             deployments: self.deployments.clone(),
         }
     }

@@ -6,6 +6,7 @@ use super::runner::{report_lag, LagReport};
 use super::*;
 use crate::checkpoint::components::Component;
 use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
+use crate::window::aggregator::Aggregator;
 
 /// The job's loop state.
 pub(super) struct Job {
@@ -108,9 +109,9 @@ impl Job {
                 });
             }
         }
-        let refs: Vec<&Plugin> = plugins.iter().collect();
+        let refs: Vec<&dyn Aggregator> = plugins.iter().map(|p| p as &dyn Aggregator).collect();
         let fingerprint = results_fingerprint(pipeline, &refs);
-        let (decoder, columns) = Decoder::new(pipeline, &refs)?;
+        let (decoder, columns) = Decoder::new(pipeline, &fields_of(&refs))?;
         let ops = plugins
             .into_iter()
             .zip(columns)
@@ -627,6 +628,11 @@ impl Job {
     }
 }
 
+/// Each aggregation's plugin name and fields, for the [`Decoder`].
+pub(super) fn fields_of<'a>(plugins: &[&'a dyn Aggregator]) -> Vec<(&'a str, &'a [crate::plugin::Field])> {
+    plugins.iter().map(|p| (p.identity().name.as_str(), p.info().fields.as_slice())).collect()
+}
+
 /// The window operator of aggregation `i`, running `plugin` over the decoder's `columns`.
 pub(super) fn operator(pipeline: &Pipeline, i: usize, plugin: Plugin, columns: Vec<usize>) -> WindowOperator {
     let a = &pipeline.aggregations[i];
@@ -635,7 +641,7 @@ pub(super) fn operator(pipeline: &Pipeline, i: usize, plugin: Plugin, columns: V
         &a.name,
         prefixed,
         &a.window,
-        plugin,
+        Box::new(plugin),
         a.plugin.batch_size,
         pipeline.key.len(),
         columns,
@@ -648,7 +654,7 @@ pub(super) fn operator(pipeline: &Pipeline, i: usize, plugin: Plugin, columns: V
 pub(super) fn unfit_rows(
     name: &str,
     rows: usize,
-    plugin: &Plugin,
+    plugin: &dyn Aggregator,
     bad: &crate::window::operator::SavedRow,
 ) -> String {
     let fields = &plugin.info().fields;
@@ -695,7 +701,7 @@ pub(super) fn new_snapshot_id() -> String {
 /// configuration, limits and fault policy. A replay with the same fingerprint over the same
 /// records gives the same results. (Written with `Debug`: a km0 of another version may
 /// compute another one, which only makes it refuse a replay it could have skipped.)
-pub(super) fn results_fingerprint(pipeline: &Pipeline, plugins: &[&Plugin]) -> String {
+pub(super) fn results_fingerprint(pipeline: &Pipeline, plugins: &[&dyn Aggregator]) -> String {
     let mut text = format!(
         "{}|{:?}|{:?}|{:?}|{:?}",
         pipeline.state_fingerprint(),

@@ -20,10 +20,11 @@
 
 use super::checkpoints::Checkpointer;
 use super::commands::Refused;
-use super::route::{results_fingerprint, row_fits, unfit_rows, Job};
+use super::route::{fields_of, results_fingerprint, row_fits, unfit_rows, Job};
 use super::runner::{savepoint_path, store_savepoint, write_savepoint_files};
 use super::*;
 use crate::source::decode::Decoder;
+use crate::window::aggregator::Aggregator;
 use std::sync::Arc;
 
 /// The largest component a live deploy takes by default (the Python SDK's are ~20 MB).
@@ -197,11 +198,14 @@ impl Job {
             }
         }
         let (decoder, columns, fingerprint) = {
-            let plugins: Vec<&Plugin> = (0..self.ops.len())
-                .map(|i| d.plugins.iter().find(|(j, _)| *j == i).map_or(self.ops[i].plugin(), |(_, p)| p))
+            let plugins: Vec<&dyn Aggregator> = (0..self.ops.len())
+                .map(|i| match d.plugins.iter().find(|(j, _)| *j == i) {
+                    Some((_, p)) => p as &dyn Aggregator,
+                    None => self.ops[i].plugin(),
+                })
                 .collect();
             let (decoder, columns) =
-                Decoder::new(pipeline, &plugins).map_err(|e| refuse(422, e.to_string()))?;
+                Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| refuse(422, e.to_string()))?;
             (decoder, columns, results_fingerprint(pipeline, &plugins))
         };
 
@@ -268,7 +272,7 @@ impl Job {
 
         // Nothing can fail from here on.
         for ((i, plugin), accs) in d.plugins.into_iter().zip(accs) {
-            self.ops[i].swap_plugin(plugin, accs);
+            self.ops[i].swap_plugin(Box::new(plugin), accs);
             self.components[i] = Some(d.component.clone());
         }
         for (op, cols) in self.ops.iter_mut().zip(columns) {

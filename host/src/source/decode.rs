@@ -3,7 +3,7 @@
 //! slot of each plugin column.
 
 use crate::pipeline::Pipeline;
-use crate::plugin::Plugin;
+use crate::plugin::Field;
 use crate::source::json::{short_eq, Projection, Scalar};
 use crate::state::push_key_field;
 use crate::{Error, Result};
@@ -31,8 +31,9 @@ pub enum Reject {
 }
 
 impl Decoder {
-    /// The decoder and, per aggregation, the projection slot of each plugin column.
-    pub fn new(pipeline: &Pipeline, plugins: &[&Plugin]) -> Result<(Decoder, Vec<Vec<usize>>)> {
+    /// The decoder and, per aggregation, the projection slot of each of its plugin's
+    /// fields (`plugins`: each aggregation's plugin name and fields).
+    pub fn new(pipeline: &Pipeline, plugins: &[(&str, &[Field])]) -> Result<(Decoder, Vec<Vec<usize>>)> {
         let mut names: Vec<String> = Vec::new();
         let mut slot = |name: &str| -> usize {
             match names.iter().position(|n| n == name) {
@@ -48,12 +49,12 @@ impl Decoder {
         let key_slots = pipeline.key.iter().map(|k| slot(k)).collect();
         let partition_slot = pipeline.source.partitioning().field.as_deref().map(&mut slot);
         let mut columns = Vec::new();
-        for plugin in plugins {
+        for &(plugin, fields) in plugins {
             let mut cols = Vec::new();
-            for f in &plugin.info().fields {
+            for f in fields {
                 if f.name.is_empty() {
                     return Err(Error::Plugin {
-                        plugin: plugin.identity().name.clone(),
+                        plugin: plugin.to_string(),
                         message: "declares a field with no name".into(),
                     });
                 }

@@ -10,7 +10,10 @@
 //!
 //! [`operator`] runs the windows of one aggregation over host-owned state.
 
+pub mod aggregator;
 pub mod operator;
+#[cfg(test)]
+mod semantics_tests;
 
 use crate::pipeline::WindowKind;
 use serde::{Deserialize, Serialize};

@@ -11,10 +11,11 @@
 //!   lateness; an event for a window that fired but is within its allowed lateness
 //!   updates it and the window is emitted again under the same key.
 
+use super::aggregator::Aggregator;
 use super::{Assigner, Window};
 use crate::pipeline::WindowSpec;
 use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, Row, Value};
-use crate::plugin::{packed_item, FieldType, Groups, OnError, Packed, Plugin, PluginIdentity};
+use crate::plugin::{packed_item, FieldType, Groups, OnError, Packed, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
 use crate::state::{KeyTable, Timer, TimerKind, WindowState};
@@ -138,7 +139,7 @@ pub struct WindowOperator {
     key_arity: usize,
     /// Bytes the last capture took.
     captured_bytes: usize,
-    plugin: Plugin,
+    plugin: Box<dyn Aggregator>,
     /// (projection slot, type) of each plugin column.
     columns: Vec<(usize, FieldType)>,
     /// Earliest timer: nothing fires before the watermark reaches it.
@@ -172,7 +173,7 @@ impl WindowOperator {
         name: &str,
         prefixed: bool,
         spec: &WindowSpec,
-        plugin: Plugin,
+        plugin: Box<dyn Aggregator>,
         batch_size: usize,
         key_arity: usize,
         column_slots: Vec<usize>,
@@ -237,8 +238,8 @@ impl WindowOperator {
         text
     }
 
-    pub fn plugin(&self) -> &Plugin {
-        &self.plugin
+    pub fn plugin(&self) -> &dyn Aggregator {
+        self.plugin.as_ref()
     }
 
     pub fn identity(&self) -> &PluginIdentity {
@@ -606,7 +607,7 @@ impl WindowOperator {
     /// Accumulators converted by `plugin`'s `migrate` from state schema `from`, one per
     /// open slot in the state's order, for [`Self::swap_plugin`]; the operator is not
     /// changed (a refusal leaves it as it was).
-    pub fn migrated(&self, plugin: &mut Plugin, from: u32) -> Result<Vec<Packed>> {
+    pub fn migrated(&self, plugin: &mut dyn Aggregator, from: u32) -> Result<Vec<Packed>> {
         let accs: Vec<&[u8]> = self.state.iter().map(|(_, _, s)| s.acc.as_slice()).collect();
         let mut out = Vec::with_capacity(accs.len() / self.batch_size.max(1) + 1);
         for chunk in accs.chunks(self.batch_size.max(1)) {
@@ -621,7 +622,11 @@ impl WindowOperator {
     /// slots start from a fresh accumulator). Unordered plugins must have been flushed;
     /// the caller sets the new plugin's columns ([`Self::set_columns`]). Returns the old
     /// plugin.
-    pub fn swap_plugin(&mut self, plugin: Plugin, migrated: Option<Vec<Packed>>) -> Plugin {
+    pub fn swap_plugin(
+        &mut self,
+        plugin: Box<dyn Aggregator>,
+        migrated: Option<Vec<Packed>>,
+    ) -> Box<dyn Aggregator> {
         if let Some(chunks) = migrated {
             // The state has not changed since: its order is the one migrated.
             let mut accs = chunks.iter().flat_map(|m| (0..m.ends.len()).map(move |i| packed_item(m, i)));

@@ -1,0 +1,53 @@
+//! What a window operator needs from the user's logic, in the contract's terms
+//! (`wit/aggregate.wit`): the WebAssembly [`Plugin`] in a job, a native double in the
+//! window semantics' unit tests, which then run without WebAssembly.
+
+use crate::plugin::{Emitted, Events, Groups, Packed, Plugin, PluginIdentity, PluginInfo};
+use crate::Result;
+
+/// The user's aggregate logic, called with batches. Faults are [`crate::Error::PluginCall`]
+/// errors; after one, [`Aggregator::reset`] gives a fresh instance.
+pub trait Aggregator: Send {
+    fn info(&self) -> &PluginInfo;
+    fn identity(&self) -> &PluginIdentity;
+    /// Fold each group's events into its accumulator.
+    fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed>;
+    /// Pairwise merge, `left` the earlier slot.
+    fn merge(&mut self, left: &Packed, right: &Packed) -> Result<Packed>;
+    /// The results of the groups' windows.
+    fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>>;
+    /// Accumulators of state schema `from` in this logic's schema.
+    fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed>;
+    /// A fresh instance after a fault (state lives in the host: nothing is lost).
+    fn reset(&mut self) -> Result<()>;
+}
+
+impl Aggregator for Plugin {
+    fn info(&self) -> &PluginInfo {
+        Plugin::info(self)
+    }
+
+    fn identity(&self) -> &PluginIdentity {
+        Plugin::identity(self)
+    }
+
+    fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
+        Plugin::add(self, groups, events)
+    }
+
+    fn merge(&mut self, left: &Packed, right: &Packed) -> Result<Packed> {
+        Plugin::merge(self, left, right)
+    }
+
+    fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
+        Plugin::finish(self, groups)
+    }
+
+    fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed> {
+        Plugin::migrate(self, from, accumulators)
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        Plugin::reset(self)
+    }
+}

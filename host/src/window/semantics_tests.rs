@@ -1,0 +1,177 @@
+//! Window semantics with a native aggregator, without WebAssembly: which events each
+//! window holds and, for ordered logic, in which order. The double [`Times`] keeps the
+//! event times it is given in the order it folds them (a merge appends the later slot's);
+//! a window's result is that list. Every expected list is worked out by hand from the
+//! window definitions in `window/mod.rs`.
+
+use super::aggregator::Aggregator;
+use super::operator::{Verdict, WindowOperator};
+use crate::pipeline::{WindowKind, WindowSpec};
+use crate::plugin::{Emitted, Events, Groups, Packed, PluginIdentity, PluginInfo};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+
+struct Times {
+    info: PluginInfo,
+    identity: PluginIdentity,
+}
+
+fn times(ordered: bool) -> Box<dyn Aggregator> {
+    let info = PluginInfo {
+        name: "times".into(),
+        version: "0".into(),
+        state_schema: 1,
+        fields: Vec::new(),
+        ordered_input: ordered,
+    };
+    let identity = PluginIdentity {
+        name: "times".into(),
+        version: "0".into(),
+        state_schema: 1,
+        sha256: String::new(),
+        contract: crate::plugin::CONTRACT_VERSION.into(),
+        key_fields: 0,
+    };
+    Box::new(Times { info, identity })
+}
+
+fn item(p: &Packed, i: usize) -> &[u8] {
+    crate::plugin::packed_item(p, i)
+}
+
+fn decode(acc: &[u8]) -> Vec<i64> {
+    acc.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect()
+}
+
+impl Aggregator for Times {
+    fn info(&self) -> &PluginInfo {
+        &self.info
+    }
+
+    fn identity(&self) -> &PluginIdentity {
+        &self.identity
+    }
+
+    fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
+        let mut out = crate::plugin::empty_packed();
+        let mut start = 0;
+        for (g, &end) in events.group_ends.iter().enumerate() {
+            let mut acc = item(&groups.accumulators, g).to_vec();
+            for t in &events.event_time[start..end as usize] {
+                acc.extend_from_slice(&t.to_le_bytes());
+            }
+            crate::plugin::packed_push(&mut out, &acc);
+            start = end as usize;
+        }
+        Ok(out)
+    }
+
+    fn merge(&mut self, left: &Packed, right: &Packed) -> Result<Packed> {
+        let mut out = crate::plugin::empty_packed();
+        for i in 0..left.ends.len() {
+            crate::plugin::packed_push(&mut out, &[item(left, i), item(right, i)].concat());
+        }
+        Ok(out)
+    }
+
+    fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
+        Ok((0..groups.window_start.len())
+            .map(|g| Emitted {
+                group: g as u32,
+                value: serde_json::json!({ "times": decode(item(&groups.accumulators, g)) }).to_string(),
+            })
+            .collect())
+    }
+
+    fn migrate(&mut self, _from: u32, accumulators: &Packed) -> Result<Packed> {
+        Ok(accumulators.clone())
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        Err(Error::Usage("the native double never faults".into()))
+    }
+}
+
+/// One key's windows: events `(time, watermark at arrival)`, the watermark advanced to
+/// each one's watermark first, then the input ends. Results by key (the last emission
+/// of a window wins, as an upsert consumer sees it) and the verdict of every event.
+fn run(
+    kind: WindowKind,
+    lateness: i64,
+    ordered: bool,
+    events: &[(i64, i64)],
+) -> (BTreeMap<String, Vec<i64>>, Vec<Verdict>) {
+    let spec = WindowSpec { kind, allowed_lateness_ms: lateness };
+    let mut op = WindowOperator::new("w", false, &spec, times(ordered), 1024, 1, Vec::new());
+    let mut key = Vec::new();
+    crate::state::push_key_field(&mut key, b"k");
+    let mut out = Vec::new();
+    let mut verdicts = Vec::new();
+    for &(t, wm) in events {
+        op.advance(wm, &mut out).unwrap();
+        verdicts.push(op.on_event(&key, t, wm, &[], &mut out).unwrap());
+    }
+    op.drain(&mut out).unwrap();
+    let results = out
+        .into_iter()
+        .filter_map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e.value.as_deref()?).unwrap();
+            Some((e.key, v["times"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect()))
+        })
+        .collect();
+    (results, verdicts)
+}
+
+fn windows(list: &[(&str, &[i64])]) -> BTreeMap<String, Vec<i64>> {
+    list.iter().map(|(k, t)| (k.to_string(), t.to_vec())).collect()
+}
+
+const NONE: i64 = i64::MIN;
+
+#[test]
+fn tumbling_windows_hold_their_events_and_a_late_one_is_refused() {
+    // [0,5) gets 1 and 3 and fires at watermark 5; 4 then arrives late; [5,10) gets 6.
+    let (got, verdicts) =
+        run(WindowKind::Tumbling { size_ms: 5 }, 0, false, &[(1, NONE), (3, NONE), (6, NONE), (4, 5)]);
+    assert_eq!(got, windows(&[("0|k", &[1, 3]), ("5|k", &[6])]));
+    assert!(matches!(verdicts[3], Verdict::Late { .. }), "{verdicts:?}");
+}
+
+#[test]
+fn an_ordered_sliding_window_gets_its_panes_events_in_time_order() {
+    // Size 10 every 5: panes [0,5) {3}, [5,10) {7}, [10,15) {12}; 7 and 12 arrive first.
+    let (got, _) =
+        run(WindowKind::Sliding { size_ms: 10, slide_ms: 5 }, 0, true, &[(12, NONE), (7, NONE), (3, NONE)]);
+    assert_eq!(got, windows(&[("-5|k", &[3]), ("0|k", &[3, 7]), ("5|k", &[7, 12]), ("10|k", &[12])]));
+}
+
+#[test]
+fn sessions_merge_when_an_event_bridges_them_and_stay_apart_past_the_gap() {
+    // Gap 5: 1 and 3 open [1,8); 20 opens [20,25); 7 extends the first to [1,12). Ordered:
+    // the merged session's events come in time order. 24 extends [20,25) to [20,29); 30
+    // opens [30,35); 35's [35,40) only touches it: a session is [first, last + gap), so
+    // they stay apart.
+    let (got, _) = run(
+        WindowKind::Session { gap_ms: 5 },
+        0,
+        true,
+        &[(3, NONE), (1, NONE), (20, NONE), (7, NONE), (24, NONE), (30, NONE), (35, NONE)],
+    );
+    assert_eq!(got, windows(&[("1|k", &[1, 3, 7]), ("20|k", &[20, 24]), ("30|k", &[30]), ("35|k", &[35])]));
+    // 5 bridges [1,6) and [8,13) into one session [1,13).
+    let (got, _) = run(WindowKind::Session { gap_ms: 5 }, 0, false, &[(1, NONE), (8, NONE), (5, NONE)]);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let mut all = got["1|k"].clone();
+    all.sort();
+    assert_eq!(all, [1, 5, 8]);
+}
+
+#[test]
+fn within_the_allowed_lateness_a_window_fires_again_with_the_late_event_and_not_after() {
+    // [0,5) fires at watermark 5 with {1}; 2 arrives at watermark 7 (lateness 5: until
+    // 10) and the window fires again with {1, 2}; 3 at watermark 10 is late.
+    let (got, verdicts) = run(WindowKind::Tumbling { size_ms: 5 }, 5, true, &[(1, NONE), (2, 7), (3, 10)]);
+    assert_eq!(got, windows(&[("0|k", &[1, 2])]));
+    assert_eq!(verdicts[1], Verdict::Accepted);
+    assert!(matches!(verdicts[2], Verdict::Late { .. }), "{verdicts:?}");
+}

@@ -160,3 +160,81 @@ fn the_checkpoint_history_shows_each_checkpoint_of_the_run() {
     assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap().0, 200);
     assert!(child.wait_with_output().unwrap().status.success());
 }
+
+#[test]
+fn metrics_parse_as_prometheus_text_and_agree_with_the_status_and_the_input() {
+    use km0::generate::{stock_stream, StockStream};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = StockStream {
+        events: 60_000,
+        seed: 35,
+        late_fraction: 0.01,
+        bad_fraction: 0.01,
+        ..Default::default()
+    };
+    let mut input = Vec::new();
+    stock_stream(&spec, &mut input).unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), &input).unwrap();
+    let input = String::from_utf8(input).unwrap();
+    let lines = input.lines().count() as u64;
+    // The input's clock: the largest event time of a stock update.
+    let max_ms = input
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["tipo"] == "stock.actualizado")
+        .filter_map(|v| v["fecha_ms"].as_i64())
+        .max()
+        .unwrap();
+
+    let job = pipeline(dir.path(), "out");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, "t");
+    wait_for_read(&url, lines);
+    // A savepoint makes the side outputs durable; the status is published right after it.
+    assert_eq!(call(&url, "POST", "/api/v1/savepoints", Some("t")).unwrap().0, 200);
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    let (code, text) = call(&url, "GET", "/metrics", None).unwrap();
+    assert_eq!(code, 200);
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let value = |name: &str| -> f64 {
+        let found: Vec<_> = scrape.samples.iter().filter(|s| s.metric == name).collect();
+        assert_eq!(found.len(), 1, "{name}: {found:?}\n{text}");
+        assert_eq!(found[0].labels.get("job"), Some("stock-alert"));
+        // (The text is OpenMetrics: a counter's family `x` has the sample `x_total`,
+        // which this 0.0.4-format parser leaves untyped; the family's type is checked below.)
+        match found[0].value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            ref other => panic!("{name}: {other:?}"),
+        }
+    };
+    let counted =
+        |file: &str| std::fs::read_to_string(dir.path().join("out").join(file)).unwrap().lines().count();
+    let c = &status["counters"];
+    for family in ["km0_records_read", "km0_records_late", "km0_records_dead_lettered"] {
+        assert!(text.contains(&format!("# TYPE {family} counter\n")), "{family} is a counter");
+    }
+    assert!(text.contains("# TYPE km0_watermark_seconds gauge\n"));
+    assert!(text.ends_with("# EOF\n"), "a complete OpenMetrics exposition");
+    assert_eq!(value("km0_records_read_total") as u64, lines);
+    assert_eq!(c["read"], lines);
+    let late = value("km0_records_late_total") as u64;
+    assert!(late > 0, "the stream has late events");
+    assert_eq!((late, c["late"].as_u64().unwrap()), (counted("late.jsonl") as u64, late));
+    let dead = value("km0_records_dead_lettered_total") as u64;
+    assert!(dead > 0, "the stream has malformed records");
+    assert_eq!((dead, c["dead_lettered"].as_u64().unwrap()), (counted("dead.jsonl") as u64, dead));
+    assert_eq!(value("km0_records_filtered_total") as u64, c["filtered"].as_u64().unwrap());
+    assert_eq!(value("km0_records_accepted_total") as u64, c["accepted"].as_u64().unwrap());
+    // The partition's clock is the input's largest event time; the watermark is 2 minutes
+    // behind it.
+    assert_eq!(value("km0_partition_max_event_time_seconds"), max_ms as f64 / 1e3);
+    assert_eq!(value("km0_watermark_seconds"), (max_ms - 120_000) as f64 / 1e3);
+    assert_eq!(status["watermark"], max_ms - 120_000);
+    assert_eq!(value("km0_open_windows") as u64, status["aggregations"][0]["open_windows"].as_u64().unwrap());
+    assert!(value("km0_event_time_lag_seconds") > 0.0);
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap().0, 200);
+    assert!(child.wait_with_output().unwrap().status.success());
+}

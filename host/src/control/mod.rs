@@ -4,6 +4,7 @@
 //!
 //! `/api/v1`, JSON:
 //! - `GET /healthz` (the process answers), `GET /readyz` (the job is running);
+//! - `GET /metrics`: the status as OpenMetrics text, for Prometheus ([`metrics`]);
 //! - `GET /api/v1/job`: state, uptime, counters, watermark and partitions, aggregations,
 //!   the newest checkpoints;
 //! - `GET /api/v1/checkpoints`: the newest checkpoints (id, when, pause, write time,
@@ -23,6 +24,7 @@
 //! non-loopback address without `KM0_TOKEN` is refused at start.
 
 pub mod client;
+pub mod metrics;
 
 use crate::job::commands::{Command, ControlHandle, StopMode};
 use crate::{Error, Result};
@@ -119,6 +121,7 @@ fn router(api: Api) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(prometheus))
         .route("/api/v1/job", get(job))
         .route("/api/v1/checkpoints", get(checkpoints))
         .route("/api/v1/savepoints", post(savepoint).get(savepoints))
@@ -150,6 +153,11 @@ async fn readyz(State(api): State<Api>) -> Response {
             format!("the job is {}", if status.state.is_empty() { "starting" } else { &status.state }),
         )
     }
+}
+
+async fn prometheus(State(api): State<Api>) -> Response {
+    let text = metrics::render(&api.handle.status(), crate::metrics::now_ms());
+    ([(axum::http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
 }
 
 async fn job(State(api): State<Api>) -> Response {

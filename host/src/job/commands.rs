@@ -121,6 +121,8 @@ pub struct JobStatus {
     pub counters: Counters,
     pub watermark: i64,
     pub partitions: Vec<PartitionStatus>,
+    /// Consumer lag per partition (Kafka sources), as last fetched.
+    pub lag: Vec<crate::source::kafka::PartitionLag>,
     pub aggregations: Vec<AggregationStatus>,
     pub checkpoints: u64,
     /// The newest checkpoints of this run (at most [`CHECKPOINT_HISTORY`]), oldest first.

@@ -105,8 +105,13 @@ impl LoopControl {
         self.answer_pending(checkpoints.as_deref(), false);
         if self.published.elapsed() >= STATUS_EVERY || acted {
             self.published = Instant::now();
-            let mut status =
-                self.status(pipeline, job, stats, if stop.is_some() { "stopping" } else { "running" });
+            let mut status = self.status(
+                pipeline,
+                job,
+                source,
+                stats,
+                if stop.is_some() { "stopping" } else { "running" },
+            );
             if let Some(c) = checkpoints.as_deref() {
                 status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
             }
@@ -270,7 +275,14 @@ impl LoopControl {
         });
     }
 
-    fn status(&self, pipeline: &Pipeline, job: &Job, stats: &CheckpointStats, state: &str) -> JobStatus {
+    fn status(
+        &self,
+        pipeline: &Pipeline,
+        job: &Job,
+        source: &Source,
+        stats: &CheckpointStats,
+        state: &str,
+    ) -> JobStatus {
         JobStatus {
             state: state.to_string(),
             pipeline: pipeline.name.clone(),
@@ -288,6 +300,7 @@ impl LoopControl {
                     finished: p.finished,
                 })
                 .collect(),
+            lag: source.cached_lag(),
             aggregations: job
                 .ops
                 .iter()

@@ -1,0 +1,177 @@
+//! `GET /metrics`: the job's status in the OpenMetrics text format (which Prometheus
+//! scrapes), written with `prometheus-client`. Nothing is counted for it: every value comes
+//! from the status the job's loop publishes a few times a second, so metrics cost the loop
+//! nothing more than the status does.
+//!
+//! Names follow Prometheus' conventions: `km0_` prefix, `_total` counters, seconds and
+//! bytes; labels `job`, `aggregation`, `partition`, `sink`.
+
+use crate::job::commands::JobStatus;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::AtomicU64;
+
+type Labels = Vec<(String, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// The content type of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Seconds since the epoch of an event time in ms (none before the first event).
+fn seconds(ms: i64) -> Option<f64> {
+    (ms != i64::MIN && ms != i64::MAX).then_some(ms as f64 / 1e3)
+}
+
+struct Metrics<'a> {
+    registry: Registry,
+    job: &'a str,
+}
+
+impl Metrics<'_> {
+    fn labels(&self, more: &[(&str, &str)]) -> Labels {
+        let mut l = vec![("job".to_string(), self.job.to_string())];
+        l.extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        l
+    }
+
+    fn counter(&mut self, name: &str, help: &str, value: u64) {
+        let family = Family::<Labels, Counter>::default();
+        family.get_or_create(&self.labels(&[])).inc_by(value);
+        self.registry.register(name, help, family);
+    }
+
+    /// A gauge with one series per `(labels, value)`.
+    fn gauges(&mut self, name: &str, help: &str, unit: Option<Unit>, series: &[(Vec<(&str, &str)>, f64)]) {
+        let family = Family::<Labels, FloatGauge>::default();
+        for (labels, v) in series {
+            family.get_or_create(&self.labels(labels)).set(*v);
+        }
+        match unit {
+            Some(u) => self.registry.register_with_unit(name, help, u, family),
+            None => self.registry.register(name, help, family),
+        }
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, unit: Option<Unit>, value: Option<f64>) {
+        let series: Vec<_> = value.into_iter().map(|v| (vec![], v)).collect();
+        self.gauges(name, help, unit, &series);
+    }
+}
+
+/// The metrics of a job, from its last published status; `now_ms` is the wall clock.
+pub fn render(status: &JobStatus, now_ms: i64) -> String {
+    let mut m = Metrics { registry: Registry::with_prefix("km0"), job: &status.pipeline };
+    let c = &status.counters;
+    m.counter("records_read", "Records read from the source", c.read);
+    m.counter("records_filtered", "Records that did not match the pipeline's filter", c.filtered);
+    m.counter("records_accepted", "Events added to a window (summed over aggregations)", c.accepted);
+    m.counter("records_late", "Events past every window's allowed lateness (late output)", c.late);
+    m.counter("late_updates", "Accepted events whose window had fired already (re-emitted)", c.late_updates);
+    m.counter("records_dead_lettered", "Records and results sent to the dead-letter output", c.dead_lettered);
+    m.counter("windows_fired", "Window results computed", c.windows_fired);
+    m.counter("retractions", "Results retracted (a session's result superseded)", c.retracted);
+    let results = Family::<Labels, Counter>::default();
+    results.get_or_create(&m.labels(&[("sink", "output")])).inc_by(c.emitted);
+    results.get_or_create(&m.labels(&[("sink", "late")])).inc_by(c.late);
+    m.registry.register("results_written", "Records written per sink", results);
+
+    let watermark = seconds(status.watermark);
+    m.gauge(
+        "watermark",
+        "The job's watermark (event time), seconds since the epoch",
+        Some(Unit::Seconds),
+        watermark,
+    );
+    m.gauge(
+        "event_time_lag",
+        "Wall clock minus the job's watermark",
+        Some(Unit::Seconds),
+        watermark.map(|w| now_ms as f64 / 1e3 - w),
+    );
+    let partitions: Vec<_> = status
+        .partitions
+        .iter()
+        .filter_map(|p| Some((vec![("partition", p.name.as_str())], seconds(p.max_event_time?)?)))
+        .collect();
+    m.gauges(
+        "partition_max_event_time",
+        "The largest event time seen per partition (its clock)",
+        Some(Unit::Seconds),
+        &partitions,
+    );
+    let idle: Vec<_> = status
+        .partitions
+        .iter()
+        .map(|p| (vec![("partition", p.name.as_str())], if p.idle { 1.0 } else { 0.0 }))
+        .collect();
+    m.gauges("partition_idle", "1 when the partition is idle (not holding the watermark)", None, &idle);
+    let lag: Vec<_> =
+        status.lag.iter().map(|l| (vec![("partition", l.partition.as_str())], l.lag as f64)).collect();
+    m.gauges("consumer_lag_records", "Records in the log not yet read, per Kafka partition", None, &lag);
+
+    let per_aggregation =
+        |f: fn(&crate::job::commands::AggregationStatus) -> f64| -> Vec<(Vec<(&str, &str)>, f64)> {
+            status.aggregations.iter().map(|a| (vec![("aggregation", a.name.as_str())], f(a))).collect()
+        };
+    m.gauges(
+        "open_windows",
+        "Open window slots per aggregation",
+        None,
+        &per_aggregation(|a| a.open_windows as f64),
+    );
+    m.gauges("keys", "Keys with open windows per aggregation", None, &per_aggregation(|a| a.keys as f64));
+    let plugins: Vec<_> = status
+        .aggregations
+        .iter()
+        .map(|a| {
+            (
+                vec![
+                    ("aggregation", a.name.as_str()),
+                    ("plugin", a.plugin.as_str()),
+                    ("version", a.plugin_version.as_str()),
+                ],
+                1.0,
+            )
+        })
+        .collect();
+    m.gauges("plugin_info", "The plugin each aggregation runs (value 1)", None, &plugins);
+
+    let history = &status.checkpoint_history;
+    let failed = history.iter().filter(|c| c.status == "failed").count() as u64;
+    m.counter("checkpoints", "Checkpoints taken by this run", status.checkpoints);
+    m.counter("checkpoints_failed", "Checkpoints of this run that failed (of the newest 50)", failed);
+    let last = history.iter().rev().find(|c| c.status == "complete");
+    m.gauge(
+        "last_checkpoint_pause",
+        "How long processing stopped for the newest complete checkpoint",
+        Some(Unit::Seconds),
+        last.map(|c| c.pause_ms / 1e3),
+    );
+    m.gauge(
+        "last_checkpoint_write",
+        "From capture to durable, for the newest complete checkpoint",
+        Some(Unit::Seconds),
+        last.and_then(|c| c.write_ms).map(|ms| ms / 1e3),
+    );
+    let swaps = status.deployments.iter().filter(|d| d.status == "swapped");
+    m.counter("plugin_swaps", "Live plugin deploys swapped in", swaps.clone().count() as u64);
+    m.counter(
+        "plugin_deploys_refused",
+        "Live plugin deploys refused",
+        status.deployments.iter().filter(|d| d.status == "refused").count() as u64,
+    );
+    m.gauge(
+        "last_swap_pause",
+        "How long processing stopped for the last live swap",
+        Some(Unit::Seconds),
+        swaps.last().map(|d| d.pause_ms / 1e3),
+    );
+    m.gauge("uptime", "Time since the job started", Some(Unit::Seconds), Some(status.uptime_ms as f64 / 1e3));
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut text, &m.registry);
+    text
+}

@@ -22,6 +22,8 @@ if [ "${1:-}" != --build ]; then
   t=$(km0_tansu_bin)
   if [ -x "$t" ]; then line ok tansu "$t (Kafka tests)"
   else line MISSING tansu "scripts/install-tansu.sh"; fi
+  if km0_has_chromium; then line ok chromium "$(command -v "${KM0_CHROMEDRIVER:-chromedriver}") (web UI test)"
+  else line MISSING chromium "apt-get install -y chromium chromium-driver (scripts/install-chromium.sh)"; fi
   if km0_has_postgres; then line ok postgresql "$(ls -d /usr/lib/postgresql/*/bin | head -n1) (PostgreSQL tests)"
   else line MISSING postgresql "apt-get install -y postgresql (scripts/install-postgres.sh)"; fi
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run every test: build the WASM plugins from plugins/, install the broker (tansu) and
-# PostgreSQL that the Kafka tests start, then the workspace's unit and end-to-end tests
-# (release profile, shared target folder), then the format check.
+# PostgreSQL that the Kafka tests start and the browser the UI test drives, then the
+# workspace's unit and end-to-end tests (release profile, shared target folder), then the
+# format check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
@@ -12,6 +13,8 @@ start=$(date +%s)
 KM0_TANSU=$(./scripts/install-tansu.sh)
 export KM0_TANSU
 ./scripts/install-postgres.sh
+# The browser the web UI's test drives.
+./scripts/install-chromium.sh
 echo "== prerequisites"
 ./scripts/doctor.sh
 echo "== cargo test (release)"

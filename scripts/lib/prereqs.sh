@@ -53,6 +53,11 @@ km0_has_postgres() {
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1
 }
 
+# A browser that runs headless and the WebDriver that drives it (the web UI's test).
+km0_has_chromium() {
+  command -v "${KM0_CHROMIUM:-chromium}" >/dev/null 2>&1 && command -v "${KM0_CHROMEDRIVER:-chromedriver}" >/dev/null 2>&1
+}
+
 # Run apt-get install for the given packages, as root or through sudo.
 km0_apt_install() {
   local sudo=""

@@ -5,6 +5,7 @@
 //! `/api/v1`, JSON:
 //! - `GET /healthz` (the process answers), `GET /readyz` (the job is running);
 //! - `GET /metrics`: the status as OpenMetrics text, for Prometheus ([`metrics`]);
+//! - `GET /`: the web UI (`ui.html`, embedded);
 //! - `GET /api/v1/job`: state, uptime, counters, watermark and partitions, aggregations,
 //!   the newest checkpoints;
 //! - `GET /api/v1/checkpoints`: the newest checkpoints (id, when, pause, write time,
@@ -119,6 +120,7 @@ fn router(api: Api) -> Router {
     // Larger uploads are refused (413) before they are read whole.
     let max_upload = api.handle.deployer.as_ref().map_or(0, |d| d.max_bytes);
     Router::new()
+        .route("/", get(ui))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(prometheus))
@@ -153,6 +155,14 @@ async fn readyz(State(api): State<Api>) -> Response {
             format!("the job is {}", if status.state.is_empty() { "starting" } else { &status.state }),
         )
     }
+}
+
+/// The web UI: one page, its styles and script inside (no network needed), polling
+/// `/api/v1/job` every second.
+const UI: &str = include_str!("ui.html");
+
+async fn ui() -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")], UI).into_response()
 }
 
 async fn prometheus(State(api): State<Api>) -> Response {

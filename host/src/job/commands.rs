@@ -132,7 +132,15 @@ pub struct JobStatus {
     pub savepoints: Vec<PathBuf>,
     /// Live deploys of this run (swapped or refused), oldest first.
     pub deployments: Vec<Deployed>,
+    /// Records read per second over the last seconds.
+    pub records_per_second: f64,
+    /// `[epoch ms, records read]` about every second over the last 5 minutes, oldest
+    /// first (the UI's throughput chart).
+    pub throughput: Vec<(i64, u64)>,
 }
+
+/// How long the throughput history goes back.
+pub const THROUGHPUT_WINDOW_MS: i64 = 300_000;
 
 /// Checkpoints kept in a job's published history.
 pub const CHECKPOINT_HISTORY: usize = 50;

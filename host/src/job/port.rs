@@ -20,6 +20,8 @@ pub(super) struct LoopControl {
     /// The savepoints this run has written (on demand, rollback points), oldest first.
     savepoints: Vec<PathBuf>,
     deployments: Vec<Deployed>,
+    /// Records read, sampled about every second (the throughput history).
+    samples: std::collections::VecDeque<(i64, u64)>,
     /// A swap whose rollback savepoint or checkpoint is being written: answered once
     /// both are durable.
     pending: Option<PendingDeploy>,
@@ -43,6 +45,7 @@ impl LoopControl {
             published: Instant::now() - STATUS_EVERY,
             savepoints: Vec::new(),
             deployments: Vec::new(),
+            samples: Default::default(),
             pending: None,
         }
     }
@@ -105,6 +108,7 @@ impl LoopControl {
         self.answer_pending(checkpoints.as_deref(), false);
         if self.published.elapsed() >= STATUS_EVERY || acted {
             self.published = Instant::now();
+            self.sample(job.counters().read);
             let mut status = self.status(
                 pipeline,
                 job,
@@ -209,6 +213,27 @@ impl LoopControl {
                 let _ = reply.send(Err(Refused::new(500, e.to_string())));
                 Err(e)
             }
+        }
+    }
+
+    /// Keep the records read about every second, for the last five minutes.
+    fn sample(&mut self, read: u64) {
+        let now = metrics::now_ms();
+        if self.samples.back().is_some_and(|&(t, _)| now - t < 1000) {
+            return;
+        }
+        self.samples.push_back((now, read));
+        while self.samples.front().is_some_and(|&(t, _)| now - t > super::commands::THROUGHPUT_WINDOW_MS) {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Records per second over the last (up to) five samples.
+    fn rate(&self) -> f64 {
+        let n = self.samples.len();
+        match (self.samples.get(n.saturating_sub(6)), self.samples.back()) {
+            (Some(&(t0, r0)), Some(&(t1, r1))) if t1 > t0 => (r1 - r0) as f64 * 1e3 / (t1 - t0) as f64,
+            _ => 0.0,
         }
     }
 
@@ -318,6 +343,8 @@ impl LoopControl {
             last_savepoint: self.savepoints.last().cloned(),
             savepoints: self.savepoints.clone(),
             deployments: self.deployments.clone(),
+            records_per_second: self.rate(),
+            throughput: self.samples.iter().copied().collect(),
         }
     }
 }

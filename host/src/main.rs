@@ -40,6 +40,9 @@ struct RunArgs {
     /// warning when that port is taken.
     #[arg(long, value_name = "ADDR|off")]
     http: Option<String>,
+    /// No progress bar (there is none either when standard error is not a terminal).
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -221,9 +224,18 @@ fn serve_job(
     let runtime = std::sync::Arc::new(PluginRuntime::new()?);
     job::signals::stop_with_savepoint_on_signals();
     let http = args.http.clone();
+    let quiet = args.quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut opts = options(args, from_savepoint);
     opts.control = control(p, http.as_deref(), &runtime)?;
+    // A bounded run on a terminal shows its progress, read from the job's status.
+    let bar = (!quiet && !job::unbounded(p, &opts)).then(|| {
+        let handle = opts.control.get_or_insert_with(job::commands::ControlHandle::new).clone();
+        progress::show(handle)
+    });
     let summary = go(p, &opts, &runtime);
+    if let Some(bar) = bar {
+        bar.finish();
+    }
     if let Some(c) = &opts.control {
         c.wait_for_answers();
     }
@@ -320,6 +332,8 @@ fn api_reply(url: &str, (code, body): (u16, String)) -> Result<serde_json::Value
     }
     Ok(value)
 }
+
+mod progress;
 
 fn options(args: RunArgs, from_savepoint: Option<PathBuf>) -> RunOptions {
     RunOptions {

@@ -123,3 +123,27 @@ fn validate_refuses_a_key_shorter_than_the_plugin_reads() {
     assert!(!out.status.success());
     assert!(!dir.path().join("out/alertas.jsonl").exists());
 }
+
+#[test]
+fn a_bounded_run_on_a_terminal_shows_its_progress_and_not_with_quiet_or_a_pipe() {
+    // `script` (util-linux) gives the run a pseudo-terminal.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    // Long enough (about half a second) for the bar to show the job's status.
+    std::fs::write(&input, stream(1_000_000, 61)).unwrap();
+    let job = stock_pipeline(dir.path(), &input, "out", "");
+    let on_terminal = |extra: &str| {
+        let cmd = format!("{} run --http off {extra} {}", env!("CARGO_BIN_EXE_km0"), job.display());
+        let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let shown = on_terminal("");
+    assert!(shown.contains("records/s") || shown.contains("/s, watermark"), "a progress bar: {shown}");
+    assert!(shown.contains("watermark 2025-09-14"), "the watermark as a UTC time: {shown}");
+    assert!(shown.contains("km0: read 1000000 records"), "then the summary: {shown}");
+    let quiet = on_terminal("--quiet");
+    assert!(!quiet.contains("watermark 2025"), "--quiet: {quiet}");
+    let piped = km0().args(["run", "--http", "off"]).arg(&job).output().unwrap();
+    assert!(!String::from_utf8_lossy(&piped.stderr).contains("watermark 2025"));
+}

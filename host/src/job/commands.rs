@@ -134,6 +134,8 @@ pub struct JobStatus {
     pub deployments: Vec<Deployed>,
     /// Records read per second over the last seconds.
     pub records_per_second: f64,
+    /// How far a bounded file input has been read: bytes read and bytes in its files.
+    pub progress: Option<(u64, u64)>,
     /// `[epoch ms, records read]` about every second over the last 5 minutes, oldest
     /// first (the UI's throughput chart).
     pub throughput: Vec<(i64, u64)>,

@@ -271,6 +271,12 @@ fn load_plugins(
         .collect()
 }
 
+/// Whether a run of `pipeline` with `opts` reads an unbounded source (it runs until
+/// stopped).
+pub fn unbounded(pipeline: &Pipeline, opts: &RunOptions) -> bool {
+    Source::unbounded(&pipeline.source, opts.follow)
+}
+
 /// Check a pipeline and its plugins without running anything.
 pub fn validate(pipeline: &Pipeline, runtime: &PluginRuntime) -> Result<Vec<PluginIdentity>> {
     let plugins: Vec<Plugin> =

@@ -344,7 +344,21 @@ impl LoopControl {
             savepoints: self.savepoints.clone(),
             deployments: self.deployments.clone(),
             records_per_second: self.rate(),
+            progress: progress(source),
             throughput: self.samples.iter().copied().collect(),
         }
     }
+}
+
+/// Bytes read of a file source and bytes in its files (none for standard input and Kafka).
+fn progress(source: &Source) -> Option<(u64, u64)> {
+    let pos = source.position();
+    if pos.kind != "file" {
+        return None;
+    }
+    let mut total = 0;
+    for p in &pos.partitions {
+        total += std::fs::metadata(&p.name).ok().filter(|m| m.is_file())?.len();
+    }
+    Some((pos.partitions.iter().map(|p| p.offset).sum(), total))
 }

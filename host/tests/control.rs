@@ -235,6 +235,22 @@ fn metrics_parse_as_prometheus_text_and_agree_with_the_status_and_the_input() {
     assert_eq!(status["watermark"], max_ms - 120_000);
     assert_eq!(value("km0_open_windows") as u64, status["aggregations"][0]["open_windows"].as_u64().unwrap());
     assert!(value("km0_event_time_lag_seconds") > 0.0);
+    // Plugin calls: a histogram whose count is the status's, every call within +Inf.
+    let calls = status["aggregations"][0]["calls"]["count"].as_u64().unwrap();
+    assert!(calls > 0);
+    let histogram =
+        scrape.samples.iter().find(|s| s.metric == "km0_plugin_call_seconds").expect("the histogram");
+    let prometheus_parse::Value::Histogram(buckets) = &histogram.value else { panic!("{histogram:?}") };
+    assert_eq!(buckets.last().map(|b| (b.less_than, b.count)), Some((f64::INFINITY, calls as f64)));
+    assert!(buckets.windows(2).all(|w| w[0].count <= w[1].count), "cumulative buckets");
+    let trapped = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "km0_plugin_faults_total" && s.labels.get("kind") == Some("trapped"))
+        .expect("faults by kind");
+    assert!(
+        matches!(trapped.value, prometheus_parse::Value::Untyped(v) | prometheus_parse::Value::Counter(v) if v == 0.0)
+    );
     assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap().0, 200);
     assert!(child.wait_with_output().unwrap().status.success());
 }

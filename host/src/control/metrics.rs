@@ -7,10 +7,13 @@
 //! bytes; labels `job`, `aggregation`, `partition`, `sink`.
 
 use crate::job::commands::JobStatus;
+use crate::plugin::{CallStats, CALL_BUCKETS};
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::atomic::AtomicU64;
 
@@ -23,6 +26,29 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// Seconds since the epoch of an event time in ms (none before the first event).
 fn seconds(ms: i64) -> Option<f64> {
     (ms != i64::MIN && ms != i64::MAX).then_some(ms as f64 / 1e3)
+}
+
+/// Plugin call latency per aggregation, from the counts the job keeps.
+#[derive(Debug)]
+struct CallHistograms(Vec<(Labels, CallStats)>);
+
+impl EncodeMetric for CallHistograms {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (labels, c) in &self.0 {
+            // Per-bucket counts (the encoder sums them up); the last bucket is +Inf
+            // (f64::MAX, as the encoder knows it).
+            let bounds = CALL_BUCKETS.iter().copied().chain(std::iter::once(f64::MAX));
+            let buckets: Vec<(f64, u64)> = bounds.zip(c.buckets).collect();
+            encoder
+                .encode_family(labels)?
+                .encode_histogram::<NoLabelSet>(c.seconds, c.count, &buckets, None)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 struct Metrics<'a> {
@@ -138,6 +164,32 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         })
         .collect();
     m.gauges("plugin_info", "The plugin each aggregation runs (value 1)", None, &plugins);
+    let calls = CallHistograms(
+        status
+            .aggregations
+            .iter()
+            .map(|a| (m.labels(&[("aggregation", a.name.as_str())]), a.calls.clone()))
+            .collect(),
+    );
+    m.registry.register_with_unit(
+        "plugin_call",
+        "How long plugin calls take (add, merge, finish, migrate: each a whole batch)",
+        Unit::Seconds,
+        calls,
+    );
+    let faults = Family::<Labels, Counter>::default();
+    for a in &status.aggregations {
+        let c = &a.calls;
+        for (kind, n) in [
+            ("refused", c.refused),
+            ("trapped", c.trapped),
+            ("timed_out", c.timed_out),
+            ("malformed", c.malformed),
+        ] {
+            faults.get_or_create(&m.labels(&[("aggregation", a.name.as_str()), ("kind", kind)])).inc_by(n);
+        }
+    }
+    m.registry.register("plugin_faults", "Plugin calls that failed, by kind", faults);
 
     let history = &status.checkpoint_history;
     let failed = history.iter().filter(|c| c.status == "failed").count() as u64;

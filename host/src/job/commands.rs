@@ -93,6 +93,8 @@ pub struct AggregationStatus {
     pub contract: String,
     pub open_windows: usize,
     pub keys: usize,
+    /// Its plugin's calls since it was loaded (or swapped in).
+    pub calls: crate::plugin::CallStats,
 }
 
 /// One checkpoint of this run.

@@ -336,6 +336,7 @@ impl LoopControl {
                     contract: op.identity().contract.clone(),
                     open_windows: op.open_slots(),
                     keys: op.keys(),
+                    calls: op.plugin().calls(),
                 })
                 .collect(),
             checkpoints: stats.count,

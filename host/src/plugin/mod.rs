@@ -74,6 +74,36 @@ pub enum OnError {
     DeadLetter,
 }
 
+/// Upper bounds (seconds) of the plugin call latency histogram's buckets.
+pub const CALL_BUCKETS: [f64; 12] = [1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1.0, 5.0];
+
+/// A plugin instance's calls: how long they took and how they failed. Counted on the
+/// job's thread (two clock reads per call, and calls take whole batches), published with
+/// the job's status.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CallStats {
+    /// Calls per bucket of [`CALL_BUCKETS`] (not cumulative), the last past every bound.
+    pub buckets: [u64; CALL_BUCKETS.len() + 1],
+    pub count: u64,
+    pub seconds: f64,
+    /// Faults by kind: the plugin refused (returned an error), trapped, ran out of time,
+    /// or returned something malformed.
+    pub refused: u64,
+    pub trapped: u64,
+    pub timed_out: u64,
+    pub malformed: u64,
+}
+
+impl CallStats {
+    fn observe(&mut self, took: Duration) {
+        let s = took.as_secs_f64();
+        let b = CALL_BUCKETS.iter().position(|&le| s <= le).unwrap_or(CALL_BUCKETS.len());
+        self.buckets[b] += 1;
+        self.count += 1;
+        self.seconds += s;
+    }
+}
+
 /// How often the engine's epoch advances: the granularity of the call timeout.
 pub const EPOCH: Duration = Duration::from_millis(10);
 
@@ -196,7 +226,17 @@ impl PluginRuntime {
             contract: version,
             key_fields,
         };
-        Ok(Plugin { store, instance, info, identity, deadline, limits, pre, config: Vec::new() })
+        Ok(Plugin {
+            store,
+            instance,
+            info,
+            identity,
+            deadline,
+            limits,
+            pre,
+            config: Vec::new(),
+            calls: CallStats::default(),
+        })
     }
 }
 
@@ -224,9 +264,15 @@ pub struct Plugin {
     /// To make a fresh instance after a trap.
     pre: Pre,
     config: Vec<(String, String)>,
+    calls: CallStats,
 }
 
 impl Plugin {
+    /// Its calls so far.
+    pub fn calls(&self) -> &CallStats {
+        &self.calls
+    }
+
     pub fn info(&self) -> &PluginInfo {
         &self.info
     }
@@ -277,20 +323,32 @@ impl Plugin {
         f: impl FnOnce(&Instance, &mut Store<GuestState>) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T> {
         self.store.set_epoch_deadline(self.deadline);
-        match f(&self.instance, &mut self.store) {
+        let t = std::time::Instant::now();
+        let result = f(&self.instance, &mut self.store);
+        self.calls.observe(t.elapsed());
+        match result {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(reason)) => Err(self.call_error(call, reason)),
-            Err(trap) if trap.downcast_ref::<Trap>() == Some(&Trap::Interrupt) => Err(self.call_error(
-                call,
-                format!(
-                    "ran longer than its limit of {:?} for one call and was stopped",
-                    self.limits.call_timeout
-                ),
-            )),
-            Err(trap) => Err(self.call_error(
-                call,
-                format!("trapped (memory limit {} MiB): {trap:#}", self.limits.memory_bytes >> 20),
-            )),
+            Ok(Err(reason)) => {
+                self.calls.refused += 1;
+                Err(self.call_error(call, reason))
+            }
+            Err(trap) if trap.downcast_ref::<Trap>() == Some(&Trap::Interrupt) => {
+                self.calls.timed_out += 1;
+                Err(self.call_error(
+                    call,
+                    format!(
+                        "ran longer than its limit of {:?} for one call and was stopped",
+                        self.limits.call_timeout
+                    ),
+                ))
+            }
+            Err(trap) => {
+                self.calls.trapped += 1;
+                Err(self.call_error(
+                    call,
+                    format!("trapped (memory limit {} MiB): {trap:#}", self.limits.memory_bytes >> 20),
+                ))
+            }
         }
     }
 
@@ -313,6 +371,7 @@ impl Plugin {
         let n = groups.window_start.len();
         let out = self.call("finish", |i, store| i.finish(store, groups))?;
         if let Some(bad) = out.iter().find(|e| e.group as usize >= n) {
+            self.calls.malformed += 1;
             return Err(self.call_error("finish", format!("emitted for group {} of {n}", bad.group)));
         }
         Ok(out)
@@ -325,8 +384,9 @@ impl Plugin {
         Ok(out)
     }
 
-    fn check_packed(&self, call: &'static str, p: &Packed, n: usize) -> Result<()> {
+    fn check_packed(&mut self, call: &'static str, p: &Packed, n: usize) -> Result<()> {
         if p.ends.len() != n {
+            self.calls.malformed += 1;
             return Err(
                 self.call_error(call, format!("returned {} accumulators for {n} groups", p.ends.len()))
             );
@@ -334,6 +394,7 @@ impl Plugin {
         let mut prev = 0u32;
         for &e in &p.ends {
             if e < prev || e as usize > p.bytes.len() {
+                self.calls.malformed += 1;
                 return Err(self.call_error(call, "returned malformed packed accumulators".into()));
             }
             prev = e;

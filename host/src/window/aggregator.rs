@@ -2,7 +2,7 @@
 //! (`wit/aggregate.wit`): the WebAssembly [`Plugin`] in a job, a native double in the
 //! window semantics' unit tests, which then run without WebAssembly.
 
-use crate::plugin::{Emitted, Events, Groups, Packed, Plugin, PluginIdentity, PluginInfo};
+use crate::plugin::{CallStats, Emitted, Events, Groups, Packed, Plugin, PluginIdentity, PluginInfo};
 use crate::Result;
 
 /// The user's aggregate logic, called with batches. Faults are [`crate::Error::PluginCall`]
@@ -20,6 +20,10 @@ pub trait Aggregator: Send {
     fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed>;
     /// A fresh instance after a fault (state lives in the host: nothing is lost).
     fn reset(&mut self) -> Result<()>;
+    /// How its calls went (none counted: empty).
+    fn calls(&self) -> CallStats {
+        CallStats::default()
+    }
 }
 
 impl Aggregator for Plugin {
@@ -49,5 +53,9 @@ impl Aggregator for Plugin {
 
     fn reset(&mut self) -> Result<()> {
         Plugin::reset(self)
+    }
+
+    fn calls(&self) -> CallStats {
+        Plugin::calls(self).clone()
     }
 }

@@ -235,6 +235,15 @@ fn metrics_parse_as_prometheus_text_and_agree_with_the_status_and_the_input() {
     assert_eq!(status["watermark"], max_ms - 120_000);
     assert_eq!(value("km0_open_windows") as u64, status["aggregations"][0]["open_windows"].as_u64().unwrap());
     assert!(value("km0_event_time_lag_seconds") > 0.0);
+    // The latest reasons: the last dead letter's is the dead-letter file's last line's.
+    let recent = status["recent_side_outputs"].as_array().unwrap();
+    let last_dead = recent.iter().rev().find(|r| r["output"] == "dead_letter").expect("a dead letter");
+    let dead_lines = std::fs::read_to_string(dir.path().join("out/dead.jsonl")).unwrap();
+    let last_line = json(dead_lines.lines().last().unwrap());
+    assert_eq!(last_dead["reason"], last_line["reason"]);
+    assert!(recent.iter().any(|r| r["output"] == "late" && r["aggregation"] == "window-aggregate"));
+    let counted_in: u64 = recent.iter().map(|r| r["count"].as_u64().unwrap()).sum();
+    assert!(counted_in <= late + dead);
     // Plugin calls: a histogram whose count is the status's, every call within +Inf.
     let calls = status["aggregations"][0]["calls"]["count"].as_u64().unwrap();
     assert!(calls > 0);

@@ -116,6 +116,12 @@ fn the_ui_shows_the_apis_numbers_follows_the_watermark_and_deploys_through_its_f
         assert!(moved > first);
         until("the UI's watermark moves", || async { watermark(&c).await == Some(moved.to_string()) }).await;
         until("the UI shows every record", || async { shown(&c, "read").await == "40000" }).await;
+        let late = api(&url)["counters"]["late"].as_u64().unwrap();
+        assert!(late > 0, "the stream has late events");
+        until("the UI shows the late events' reason", || async {
+            shown(&c, "recent").await.contains("late (window-aggregate)")
+        })
+        .await;
 
         // A deploy through the form (the token kept for the session, as the page's prompt
         // would keep it).

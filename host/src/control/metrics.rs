@@ -102,6 +102,7 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
     let results = Family::<Labels, Counter>::default();
     results.get_or_create(&m.labels(&[("sink", "output")])).inc_by(c.emitted);
     results.get_or_create(&m.labels(&[("sink", "late")])).inc_by(c.late);
+    results.get_or_create(&m.labels(&[("sink", "dead_letter")])).inc_by(c.dead_lettered);
     m.registry.register("results_written", "Records written per sink", results);
 
     let watermark = seconds(status.watermark);
@@ -220,6 +221,25 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         "How long processing stopped for the last live swap",
         Some(Unit::Seconds),
         swaps.last().map(|d| d.pause_ms / 1e3),
+    );
+    m.counter(
+        "backpressure_pauses",
+        "Times the source was paused because the sink was behind",
+        status.backpressure_pauses,
+    );
+    let paused = Family::<Labels, Counter<f64, AtomicU64>>::default();
+    paused.get_or_create(&m.labels(&[])).inc_by(status.backpressure_seconds);
+    m.registry.register_with_unit(
+        "backpressure",
+        "Time the source spent paused for the sink",
+        Unit::Seconds,
+        paused,
+    );
+    m.gauge(
+        "sink_in_flight_records",
+        "Records the sink has sent and not yet seen acknowledged (Kafka)",
+        None,
+        status.sink_in_flight.map(|n| n as f64),
     );
     m.gauge("uptime", "Time since the job started", Some(Unit::Seconds), Some(status.uptime_ms as f64 / 1e3));
     let mut text = String::new();

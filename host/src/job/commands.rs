@@ -138,10 +138,33 @@ pub struct JobStatus {
     pub records_per_second: f64,
     /// How far a bounded file input has been read: bytes read and bytes in its files.
     pub progress: Option<(u64, u64)>,
+    /// The latest late events' and dead letters' reasons, oldest first.
+    pub recent_side_outputs: Vec<SideRecord>,
+    /// Times the source was paused because the sink was behind, and for how long.
+    pub backpressure_pauses: u64,
+    pub backpressure_seconds: f64,
+    /// Records the sink has sent and not yet seen acknowledged (Kafka).
+    pub sink_in_flight: Option<u64>,
     /// `[epoch ms, records read]` about every second over the last 5 minutes, oldest
     /// first (the UI's throughput chart).
     pub throughput: Vec<(i64, u64)>,
 }
+
+/// A late event's or dead letter's reason, among the latest.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideRecord {
+    /// When the last one with this reason came, epoch ms.
+    pub at_ms: i64,
+    /// `late` or `dead_letter`.
+    pub output: &'static str,
+    pub reason: String,
+    pub aggregation: Option<String>,
+    /// How many in a row had this reason.
+    pub count: u64,
+}
+
+/// Late events and dead letters kept in the status.
+pub const RECENT_SIDE_RECORDS: usize = 10;
 
 /// How long the throughput history goes back.
 pub const THROUGHPUT_WINDOW_MS: i64 = 300_000;

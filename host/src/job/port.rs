@@ -346,6 +346,10 @@ impl LoopControl {
             deployments: self.deployments.clone(),
             records_per_second: self.rate(),
             progress: progress(source),
+            recent_side_outputs: job.recent.iter().cloned().collect(),
+            backpressure_pauses: job.backpressure.0,
+            backpressure_seconds: job.backpressure.1.as_secs_f64(),
+            sink_in_flight: job.output.as_ref().and_then(ResultSink::in_flight).map(|n| n as u64),
             throughput: self.samples.iter().copied().collect(),
         }
     }

@@ -39,6 +39,10 @@ pub(super) struct Job {
     /// Per aggregation, the deployed component it runs instead of its pipeline file's
     /// (kept with checkpoints and savepoints).
     pub(super) components: Vec<Option<Component>>,
+    /// The latest late events and dead letters, for the status (repeats counted).
+    pub(super) recent: std::collections::VecDeque<super::commands::SideRecord>,
+    /// Times the source was paused for a sink that was behind, and for how long.
+    pub(super) backpressure: (u64, Duration),
 }
 
 #[derive(Serialize)]
@@ -140,6 +144,8 @@ impl Job {
             snapshot_id: String::new(),
             fingerprint,
             components: vec![None; pipeline.aggregations.len()],
+            recent: Default::default(),
+            backpressure: (0, Duration::ZERO),
         })
     }
 
@@ -305,6 +311,7 @@ impl Job {
         for i in 0..self.ops.len() {
             for r in self.ops[i].take_rejected() {
                 self.dead_lettered += r.event_times.len().max(1) as u64;
+                note(&mut self.recent, "dead_letter", &r.reason, Some(self.ops[i].name()));
                 let d = PluginDeadLetter {
                     reason: &r.reason,
                     aggregation: self.ops[i].name(),
@@ -353,6 +360,7 @@ impl Job {
     pub(super) fn dead_letter_results(&mut self, refused: Vec<(String, String, String)>) -> Result<()> {
         for (key, value, reason) in refused {
             self.dead_lettered += 1;
+            note(&mut self.recent, "dead_letter", &reason, None);
             let d = ResultDeadLetter { reason: &reason, key: &key, value: &value };
             encode_side(&mut self.line_buf, &d)?;
             let origin = [("km0.result", key.clone())];
@@ -377,6 +385,8 @@ impl Job {
             waited_ms = t.elapsed().as_millis() as u64,
             "backpressure: sink caught up, source resumed"
         );
+        self.backpressure.0 += 1;
+        self.backpressure.1 += t.elapsed();
         source.resume()
     }
 
@@ -394,6 +404,7 @@ impl Job {
         pos: Position,
     ) -> Result<()> {
         self.dead_lettered += 1;
+        note(&mut self.recent, "dead_letter", reason, aggregation.as_deref());
         let source = self.sources.get(pos.partition as usize).map_or("", String::as_str);
         let Some(dead) = self.dead.as_mut() else { return Ok(()) };
         if dead.wants_json() {
@@ -422,8 +433,10 @@ impl Job {
         record: &[u8],
         pos: Position,
     ) -> Result<()> {
+        const LATE: &str = "late: past its windows' allowed lateness";
+        note(&mut self.recent, "late", LATE, Some(self.ops[op].name()));
         let l = LateEvent {
-            reason: "late: past its windows' allowed lateness",
+            reason: LATE,
             aggregation: self.ops[op].name(),
             event_time: t,
             watermark: wm,
@@ -669,6 +682,34 @@ pub(super) fn unfit_rows(
         bad.values,
         want.join(", ")
     )
+}
+
+/// Keep a late event's or dead letter's reason among the latest (a repeat of the last one
+/// is counted, without allocating).
+fn note(
+    recent: &mut std::collections::VecDeque<super::commands::SideRecord>,
+    output: &'static str,
+    reason: &str,
+    aggregation: Option<&str>,
+) {
+    let now = metrics::now_ms();
+    if let Some(last) = recent.back_mut() {
+        if last.output == output && last.reason == reason && last.aggregation.as_deref() == aggregation {
+            last.count += 1;
+            last.at_ms = now;
+            return;
+        }
+    }
+    if recent.len() == super::commands::RECENT_SIDE_RECORDS {
+        recent.pop_front();
+    }
+    recent.push_back(super::commands::SideRecord {
+        at_ms: now,
+        output,
+        reason: reason.to_string(),
+        aggregation: aggregation.map(str::to_string),
+        count: 1,
+    });
 }
 
 /// Whether a held row's values fit a plugin's fields (number and types).

@@ -137,7 +137,6 @@ pub(super) fn start(
     let mut stopped = stop_after == Some(0);
     let mut stats = CheckpointStats::default();
     let mut idle_loops = 0u32;
-    let mut backpressure_pauses = 0u64;
     let mut lag_at = LagReport { every: Duration::from_secs(5), last: Instant::now() };
     // The control API: commands taken between records, status published now and then.
     let control = opts.control.clone();
@@ -180,7 +179,6 @@ pub(super) fn start(
                         c.completed(&mut job, &source, false)?;
                     }
                     if job.output.as_ref().is_some_and(ResultSink::behind) {
-                        backpressure_pauses += 1;
                         job.drain_output(&mut source, &mut lag_at)?;
                     }
                     job.check_deliveries()?;
@@ -297,7 +295,7 @@ pub(super) fn start(
             tracing::warn!(error = %e, "could not read the consumer lag");
             Vec::new()
         }),
-        backpressure_pauses,
+        backpressure_pauses: job.backpressure.0,
     })
 }
 

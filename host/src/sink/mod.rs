@@ -286,6 +286,14 @@ impl ResultSink {
     }
 
     /// The sink is far behind (Kafka: too many unacknowledged records): backpressure.
+    /// Records sent and not yet acknowledged (Kafka; none for the other sinks).
+    pub fn in_flight(&self) -> Option<usize> {
+        match self {
+            ResultSink::Kafka(s) => Some(s.in_flight()),
+            _ => None,
+        }
+    }
+
     pub fn behind(&self) -> bool {
         matches!(self, ResultSink::Kafka(s) if s.behind())
     }

@@ -150,8 +150,26 @@ fn the_checkpoint_history_shows_each_checkpoint_of_the_run() {
     let history = json(&call(&url, "GET", "/api/v1/checkpoints", None).unwrap().1);
     let ids: Vec<&str> = history.as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["chk-000001", "chk-000002", "chk-000003"]);
+    // The size of a checkpoint is its folder's: every file under it.
+    fn bytes(dir: &Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(
+                |e| {
+                    if e.file_type().unwrap().is_dir() {
+                        bytes(&e.path())
+                    } else {
+                        e.metadata().unwrap().len()
+                    }
+                },
+            )
+            .sum()
+    }
     for c in history.as_array().unwrap() {
-        assert!(dir.path().join("chk").join(c["id"].as_str().unwrap()).exists(), "{c}");
+        let folder = dir.path().join("chk").join(c["id"].as_str().unwrap());
+        assert!(folder.exists(), "{c}");
+        assert_eq!(c["bytes"].as_u64(), Some(bytes(&folder)), "{c}");
         assert!(c["pause_ms"].as_f64().unwrap() >= 0.0 && c["write_ms"].as_f64().unwrap() >= 0.0, "{c}");
         assert!(c["taken_at_ms"].as_i64().unwrap() > 1_700_000_000_000);
     }
@@ -234,6 +252,9 @@ fn metrics_parse_as_prometheus_text_and_agree_with_the_status_and_the_input() {
     assert_eq!(value("km0_watermark_seconds"), (max_ms - 120_000) as f64 / 1e3);
     assert_eq!(status["watermark"], max_ms - 120_000);
     assert_eq!(value("km0_open_windows") as u64, status["aggregations"][0]["open_windows"].as_u64().unwrap());
+    let state = status["aggregations"][0]["state_bytes"].as_u64().unwrap();
+    assert!(state > 0);
+    assert_eq!(value("km0_state_bytes") as u64, state);
     assert!(value("km0_event_time_lag_seconds") > 0.0);
     // The latest reasons: the last dead letter's is the dead-letter file's last line's.
     let recent = status["recent_side_outputs"].as_array().unwrap();

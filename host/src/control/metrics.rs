@@ -150,6 +150,12 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         &per_aggregation(|a| a.open_windows as f64),
     );
     m.gauges("keys", "Keys with open windows per aggregation", None, &per_aggregation(|a| a.keys as f64));
+    m.gauges(
+        "state",
+        "Bytes of accumulators and keys held per aggregation (without the maps' overhead)",
+        Some(Unit::Bytes),
+        &per_aggregation(|a| a.state_bytes as f64),
+    );
     let plugins: Vec<_> = status
         .aggregations
         .iter()
@@ -208,6 +214,18 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         "From capture to durable, for the newest complete checkpoint",
         Some(Unit::Seconds),
         last.and_then(|c| c.write_ms).map(|ms| ms / 1e3),
+    );
+    m.gauge(
+        "last_checkpoint_size",
+        "Bytes of the newest complete checkpoint's folder",
+        Some(Unit::Bytes),
+        last.and_then(|c| c.bytes).map(|b| b as f64),
+    );
+    m.gauge(
+        "last_checkpoint_id",
+        "Number of the newest complete checkpoint (chk-N)",
+        None,
+        last.and_then(|c| c.id.strip_prefix("chk-")?.parse::<f64>().ok()),
     );
     let swaps = status.deployments.iter().filter(|d| d.status == "swapped");
     m.counter("plugin_swaps", "Live plugin deploys swapped in", swaps.clone().count() as u64);

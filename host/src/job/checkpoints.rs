@@ -41,7 +41,7 @@ pub(super) struct Checkpointer {
     pub(super) records_at_last: u64,
     /// The snapshot being written: a checkpoint (its number) or a savepoint, and the
     /// source position it holds.
-    pub(super) writing: Option<(std::thread::JoinHandle<Result<()>>, Written, SourcePosition)>,
+    pub(super) writing: Option<(std::thread::JoinHandle<Result<u64>>, Written, SourcePosition)>,
     /// Wait for every checkpoint before going on (the sink commits at completion).
     pub(super) synchronous: bool,
     /// The newest checkpoints of this run, for the control API.
@@ -81,9 +81,10 @@ impl Checkpointer {
                     // The sinks' data must be durable before the checkpoint that commits it.
                     meta.sinks.iter().try_for_each(crate::sink::sync)?;
                     let name = store.write(n, meta, &snapshots)?;
+                    let bytes = folder_bytes(&store.path(n));
                     store::prune(&store, retain)?;
                     tracing::debug!(checkpoint = %name, write_ms = t.elapsed().as_millis() as u64, "checkpoint complete");
-                    Ok(())
+                    Ok(bytes)
                 })
             }
             Some(rocks) => {
@@ -95,13 +96,14 @@ impl Checkpointer {
                     savepoint::write_external(&store.path(n), meta, "rocksdb", |dir| {
                         rocks.apply_and_checkpoint(&changes, dir)
                     })?;
+                    let bytes = folder_bytes(&store.path(n));
                     store::prune(&store, retain)?;
                     tracing::debug!(
                         checkpoint = n,
                         write_ms = t.elapsed().as_millis() as u64,
                         "checkpoint complete"
                     );
-                    Ok(())
+                    Ok(bytes)
                 })
             }
         };
@@ -111,6 +113,7 @@ impl Checkpointer {
             taken_at_ms: metrics::now_ms(),
             pause_ms: t.elapsed().as_secs_f64() * 1e3,
             write_ms: None,
+            bytes: None,
             status: "writing".into(),
         };
         if self.history.len() == super::commands::CHECKPOINT_HISTORY {
@@ -147,6 +150,7 @@ impl Checkpointer {
             {
                 info.status = if written.is_ok() { "complete" } else { "failed" }.into();
                 info.write_ms = Some(taken.elapsed().as_secs_f64() * 1e3);
+                info.bytes = written.as_ref().ok().copied();
             }
         }
         written?;
@@ -184,7 +188,7 @@ impl Checkpointer {
                 rocks.apply_and_checkpoint(&changes, dir)
             })?;
             tracing::info!(path = %to.display(), "savepoint written");
-            Ok(())
+            Ok(folder_bytes(&to))
         });
         self.writing = Some((writer, Written::Savepoint(path.to_path_buf()), source.position()));
         if self.synchronous {
@@ -197,4 +201,17 @@ impl Checkpointer {
     pub(super) fn busy(&self) -> bool {
         self.writing.as_ref().is_some_and(|(h, _, _)| !h.is_finished())
     }
+}
+
+/// Bytes of the files in a snapshot's folder (its subfolders included; RocksDB's files are
+/// hard links shared with other checkpoints).
+fn folder_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => folder_bytes(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
 }

@@ -93,6 +93,8 @@ pub struct AggregationStatus {
     pub contract: String,
     pub open_windows: usize,
     pub keys: usize,
+    /// Bytes of accumulators and keys held (without the maps' overhead).
+    pub state_bytes: usize,
     /// Its plugin's calls since it was loaded (or swapped in).
     pub calls: crate::plugin::CallStats,
 }
@@ -108,6 +110,9 @@ pub struct CheckpointInfo {
     pub pause_ms: f64,
     /// From capture to durable (when complete).
     pub write_ms: Option<f64>,
+    /// Bytes of its folder (when complete; RocksDB's files are shared with other
+    /// checkpoints).
+    pub bytes: Option<u64>,
     /// `writing`, `complete` or `failed`.
     pub status: String,
 }

@@ -336,6 +336,7 @@ impl LoopControl {
                     contract: op.identity().contract.clone(),
                     open_windows: op.open_slots(),
                     keys: op.keys(),
+                    state_bytes: op.state_bytes(),
                     calls: op.plugin().calls(),
                 })
                 .collect(),

@@ -20,6 +20,8 @@ pub struct KeyTable {
     keys: Vec<Box<[u8]>>,
     /// Ids of removed keys, reused first.
     free: Vec<u32>,
+    /// Bytes of the encoded keys held.
+    bytes: usize,
 }
 
 impl KeyTable {
@@ -40,6 +42,7 @@ impl KeyTable {
 
     /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
     pub fn insert(&mut self, encoded: &[u8]) -> u32 {
+        self.bytes += encoded.len();
         let id = match self.free.pop() {
             Some(id) => {
                 self.keys[id as usize] = encoded.into();
@@ -57,6 +60,7 @@ impl KeyTable {
     /// Forget a key; its id may be given to another key.
     pub fn remove(&mut self, id: u32) {
         let key = std::mem::take(&mut self.keys[id as usize]);
+        self.bytes -= key.len();
         self.ids.remove(&key);
         self.free.push(id);
     }
@@ -81,6 +85,11 @@ impl KeyTable {
     }
 
     /// Live keys.
+    /// Bytes of the encoded keys held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     pub fn len(&self) -> usize {
         self.ids.len()
     }
@@ -201,6 +210,8 @@ pub struct WindowState {
     per_key: FastMap<u32, u32>,
     /// Slots written since the last checkpoint, when a backend keeps an incremental copy.
     dirty: Option<HashSet<(u32, i64), foldhash::fast::RandomState>>,
+    /// Bytes of the accumulators held.
+    acc_bytes: usize,
 }
 
 impl WindowState {
@@ -233,6 +244,7 @@ impl WindowState {
     #[inline]
     pub fn set_acc(&mut self, key: u32, id: i64, acc: &[u8]) {
         if let Some(slot) = self.slots.get_mut(&(key, id)) {
+            self.acc_bytes = self.acc_bytes + acc.len() - slot.acc.len();
             slot.acc.clear();
             slot.acc.extend_from_slice(acc);
             if let Some(d) = &mut self.dirty {
@@ -244,13 +256,20 @@ impl WindowState {
     /// Replace every accumulator, in [`WindowState::iter`]'s order, by the next of `next`
     /// (the state unchanged since that iteration).
     pub fn replace_accs<'a>(&mut self, mut next: impl FnMut() -> &'a [u8]) {
+        self.acc_bytes = 0;
         for slot in self.slots.values_mut() {
             slot.acc.clear();
             slot.acc.extend_from_slice(next());
+            self.acc_bytes += slot.acc.len();
         }
         if let Some(d) = &mut self.dirty {
             d.extend(self.slots.keys().copied());
         }
+    }
+
+    /// Bytes of the accumulators held.
+    pub fn acc_bytes(&self) -> usize {
+        self.acc_bytes
     }
 
     /// Change an open slot's window (a session that grew).
@@ -266,6 +285,7 @@ impl WindowState {
     /// Remove a slot; returns it and whether its key has no slots left.
     pub fn remove(&mut self, key: u32, id: i64) -> Option<(Slot, bool)> {
         let slot = self.slots.remove(&(key, id))?;
+        self.acc_bytes -= slot.acc.len();
         if let Some(d) = &mut self.dirty {
             d.remove(&(key, id));
         }
@@ -342,6 +362,25 @@ impl WindowState {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn held_bytes_follow_the_accumulators_and_keys_written_and_removed() {
+        let (mut keys, mut state) = (super::KeyTable::default(), super::WindowState::default());
+        let w = crate::window::Window { start: 0, end: 5 };
+        let k = keys.intern(b"\x01\x00\x00\x00a");
+        state.open(k, 0, w);
+        state.open(k, 5, w);
+        state.set_acc(k, 0, b"12345");
+        state.set_acc(k, 5, b"123");
+        state.set_acc(k, 0, b"12");
+        assert_eq!((state.acc_bytes(), keys.bytes()), (2 + 3, 5));
+        state.remove(k, 5);
+        assert_eq!(state.acc_bytes(), 2);
+        state.replace_accs(|| &b"1234"[..]);
+        assert_eq!(state.acc_bytes(), 4);
+        keys.remove(k);
+        assert_eq!(keys.bytes(), 0);
+    }
+
     use super::*;
 
     #[test]

@@ -261,6 +261,12 @@ impl WindowOperator {
     }
 
     /// Interned keys.
+    /// Bytes of the accumulators and keys this operator holds (without the maps' own
+    /// overhead).
+    pub fn state_bytes(&self) -> usize {
+        self.state.acc_bytes() + self.keys.bytes()
+    }
+
     pub fn keys(&self) -> usize {
         self.keys.len()
     }

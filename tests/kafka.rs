@@ -482,6 +482,19 @@ fn a_live_swap_on_a_kafka_source_gives_the_output_of_an_offline_deploy_at_the_sa
     assert_eq!((d["status"].as_str(), d["at_record"].as_u64()), (Some("swapped"), Some(half as u64)), "{d}");
     broker.produce("vivo", &records(&lines[half..]));
     read(lines.len());
+    // The consumer lag the job reports (status and /metrics) reaches 0 once it has read
+    // the log's end, for the topic's one partition.
+    km0_e2e::services::wait_for("the consumer lag is 0 in /metrics", Duration::from_secs(30), || {
+        let text = call(&url, "GET", "/metrics", None).map(|(_, t)| t).unwrap_or_default();
+        text.lines().any(|l| {
+            l.starts_with("km0_consumer_lag_records{")
+                && l.contains("partition=\"vivo/0\"")
+                && l.ends_with(" 0.0")
+        })
+    });
+    let status: serde_json::Value =
+        serde_json::from_str(&call(&url, "GET", "/api/v1/job", None).unwrap().1).unwrap();
+    assert_eq!(status["lag"][0]["high_watermark"], lines.len() as u64, "{status}");
     assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap().0, 200);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

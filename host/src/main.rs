@@ -132,6 +132,11 @@ enum Command {
         stream: String,
         #[arg(long, default_value_t = 3)]
         repeat: u32,
+        /// Stock stream: products and markets (keys = products x markets; default 50 x 20).
+        #[arg(long)]
+        products: Option<u32>,
+        #[arg(long)]
+        markets: Option<u32>,
     },
 }
 
@@ -511,8 +516,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plugin { command: PluginCommand::Inspect { plugin } } => {
             print_plugin(&PluginRuntime::new()?, &plugin)?
         }
-        Command::Bench { pipeline, events, input, stream, repeat } => {
-            bench(&pipeline, events, input, &stream, repeat)?
+        Command::Bench { pipeline, events, input, stream, repeat, products, markets } => {
+            let base = km0::generate::StockStream::default();
+            let keys = (products.unwrap_or(base.products), markets.unwrap_or(base.markets));
+            bench(&pipeline, events, input, &stream, repeat, keys)?
         }
     }
     Ok(())
@@ -608,7 +615,14 @@ fn print_summary(s: &Summary) {
     }
 }
 
-fn bench(pipeline: &Path, events: u64, input: Option<PathBuf>, stream: &str, repeat: u32) -> Result<()> {
+fn bench(
+    pipeline: &Path,
+    events: u64,
+    input: Option<PathBuf>,
+    stream: &str,
+    repeat: u32,
+    (products, markets): (u32, u32),
+) -> Result<()> {
     let p = load(pipeline)?;
     let tmp = std::env::temp_dir().join(format!("km0-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
@@ -620,7 +634,7 @@ fn bench(pipeline: &Path, events: u64, input: Option<PathBuf>, stream: &str, rep
             match stream {
                 "stock" => {
                     km0::generate::stock_stream(
-                        &km0::generate::StockStream { events, ..Default::default() },
+                        &km0::generate::StockStream { events, products, markets, ..Default::default() },
                         &mut f,
                     )?;
                 }

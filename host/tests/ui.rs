@@ -11,11 +11,13 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// chromedriver on a free port, killed when dropped.
+/// chromedriver on a free port; when dropped (a failed test included) it is asked to shut
+/// down, which ends the browsers it started, then killed.
 struct Driver(Child, u16);
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        let _ = call(&format!("http://127.0.0.1:{}", self.1), "GET", "/shutdown", None);
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

@@ -76,12 +76,6 @@ fn offline_deploy_of(dir: &Path, job: &Path, at: u64, new: &str) {
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 }
 
-fn append(dir: &Path, text: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("live.jsonl")).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
-}
-
 /// The first `n` lines of `text`, and the rest.
 fn split(text: &str, n: usize) -> (String, String) {
     let lines: Vec<&str> = text.lines().collect();

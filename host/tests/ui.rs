@@ -7,7 +7,6 @@ use common::*;
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use km0::control::client::call;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -146,10 +145,4 @@ fn the_ui_shows_the_apis_numbers_follows_the_watermark_and_deploys_through_its_f
     });
     assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("ui-token")).unwrap().0, 200);
     assert!(child.wait_with_output().unwrap().status.success());
-}
-
-fn append(dir: &Path, text: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("live.jsonl")).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
 }

@@ -240,10 +240,9 @@ fn load_plugins(
             let load = |label: &str, c: &Component| {
                 runtime.load_bytes(label, &c.bytes, &a.plugin.config, a.plugin.limits)
             };
-            if let Some((label, c, name)) =
+            if let Some((label, c, _)) =
                 deploy.filter(|(_, _, name)| saved.is_some_and(|o| o.plugin.name == *name))
             {
-                let _ = name;
                 let p = load(label, c).map_err(|e| Error::Deploy(format!("{e}")))?;
                 return Ok((p, Some(c.clone())));
             }

@@ -5,7 +5,8 @@ use super::checkpoints::{CheckpointStats, Checkpointer};
 use super::commands::{Command, ControlHandle, Deployed, JobStatus, Refused, StopMode, STATUS_EVERY};
 use super::route::Job;
 use super::runner::write_savepoint;
-use super::swap::{join_writer, NotSwapped, SavepointWriter};
+use super::runner::{join_writer, SavepointWriter};
+use super::swap::NotSwapped;
 use super::*;
 use std::sync::mpsc::Sender;
 

@@ -322,57 +322,72 @@ pub(super) fn report_lag(source: &Source, at: &mut LagReport) {
     }
 }
 
-/// Write a savepoint of the job now (the sinks synced first; a transactional sink commits
-/// what it covers once it is durable): incrementally with the RocksDB backend, else the
-/// whole state. Returns its path and how long processing stopped.
+/// Write a savepoint of the job now and wait until it is durable. Returns its path and
+/// how long processing stopped.
 pub(super) fn write_savepoint(
+    job: &mut Job,
+    pipeline: &Pipeline,
+    source: &Source,
+    mut checkpoints: Option<&mut Checkpointer>,
+    dir: &Path,
+) -> Result<(PathBuf, Duration)> {
+    let t = Instant::now();
+    let (path, writer) = begin_savepoint(job, pipeline, source, checkpoints.as_deref_mut(), dir)?;
+    if let Some(w) = writer {
+        join_writer(w)?;
+    }
+    if let Some(c) = checkpoints {
+        c.completed(job, source, true)?;
+    }
+    Ok((path, t.elapsed()))
+}
+
+/// The thread writing a savepoint.
+pub(super) type SavepointWriter = std::thread::JoinHandle<Result<()>>;
+
+/// Wait for a savepoint writer.
+pub(super) fn join_writer(writer: SavepointWriter) -> Result<()> {
+    writer.join().map_err(|_| Error::Usage("the savepoint writer panicked".into())).and_then(|r| r)
+}
+
+/// Start a savepoint of the job as it is now (the sinks synced first); processing stops
+/// only to capture it. With the RocksDB backend it is incremental, written like the
+/// checkpoints (durable once the checkpointer has seen it complete). Otherwise the whole
+/// state is captured and written by another thread, whose handle is returned; when the
+/// sink commits once a snapshot is durable (a Kafka transaction) it is written here and
+/// the sink commits what it covers.
+pub(super) fn begin_savepoint(
     job: &mut Job,
     pipeline: &Pipeline,
     source: &Source,
     checkpoints: Option<&mut Checkpointer>,
     dir: &Path,
-) -> Result<(PathBuf, Duration)> {
-    let t = Instant::now();
+) -> Result<(PathBuf, Option<SavepointWriter>)> {
+    let path = savepoint_path(dir, source.records());
     if let Some(c) = checkpoints {
-        let path = savepoint_path(dir, source.records());
         if c.savepoint(job, pipeline, source, &path)? {
-            c.completed(job, source, true)?;
-            return Ok((path, t.elapsed()));
+            return Ok((path, None));
         }
     }
     let (meta, snapshots) = job.snapshot(pipeline, source)?;
-    let captured = t.elapsed();
-    let path = store_savepoint(job, meta, &snapshots, source, dir)?;
-    let pause = t.elapsed();
-    tracing::debug!(
-        capture_ms = captured.as_millis() as u64,
-        total_ms = pause.as_millis() as u64,
-        "savepoint timing"
-    );
-    Ok((path, pause))
-}
-
-/// Write a snapshot just taken as a savepoint in `dir` (with the deployed components the
-/// job runs); a transactional sink then commits what it covers.
-pub(super) fn store_savepoint(
-    job: &mut Job,
-    meta: SavepointMeta,
-    snapshots: &[Capture],
-    source: &Source,
-    dir: &Path,
-) -> Result<PathBuf> {
-    let path = savepoint_path(dir, source.records());
-    let components: Vec<_> = job.components.iter().flatten().cloned().collect();
-    write_savepoint_files(&path, meta, snapshots, &components)?;
-    // The savepoint is durable: a transactional sink commits what it covers.
-    if let Some(out) = job.output.as_mut() {
-        out.checkpoint_complete()?;
+    let components: Vec<Component> = job.components.iter().flatten().cloned().collect();
+    if job.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
+        write_savepoint_files(&path, meta, &snapshots, &components)?;
+        if let Some(out) = job.output.as_mut() {
+            out.checkpoint_complete()?;
+        }
+        return Ok((path, None));
     }
-    Ok(path)
+    let to = path.clone();
+    let writer = std::thread::Builder::new()
+        .name("km0-savepoint".into())
+        .spawn(move || write_savepoint_files(&to, meta, &snapshots, &components))
+        .map_err(|e| Error::io("start the savepoint writer", &path, e))?;
+    Ok((path, Some(writer)))
 }
 
 /// A new savepoint's folder in `dir`, named by the records read.
-pub(super) fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
+fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
     let mut path = dir.join(format!("savepoint-{records:012}"));
     // Two savepoints at the same record (on demand, then at a stop) get their own folders.
     let mut n = 1;
@@ -385,7 +400,7 @@ pub(super) fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
 
 /// Make the sinks durable to the snapshot's positions, then write the savepoint (any
 /// thread).
-pub(super) fn write_savepoint_files(
+fn write_savepoint_files(
     path: &Path,
     meta: SavepointMeta,
     snapshots: &[Capture],

@@ -21,7 +21,7 @@
 use super::checkpoints::Checkpointer;
 use super::commands::Refused;
 use super::route::{fields_of, results_fingerprint, row_fits, unfit_rows, Job};
-use super::runner::{savepoint_path, store_savepoint, write_savepoint_files};
+use super::runner::{begin_savepoint, join_writer, SavepointWriter};
 use super::*;
 use crate::source::decode::Decoder;
 use crate::window::aggregator::Aggregator;
@@ -136,14 +136,6 @@ pub(super) struct Swapped {
     pub(super) swap_time: Duration,
 }
 
-/// The thread writing a savepoint.
-pub(super) type SavepointWriter = std::thread::JoinHandle<Result<()>>;
-
-/// Wait for a savepoint writer.
-pub(super) fn join_writer(writer: SavepointWriter) -> Result<()> {
-    writer.join().map_err(|_| Error::Usage("the savepoint writer panicked".into())).and_then(|r| r)
-}
-
 /// Why a swap did not happen.
 pub(super) enum NotSwapped {
     /// Refused: the job goes on with its plugins and state as they were. The rollback
@@ -213,28 +205,8 @@ impl Job {
         // incremental (RocksDB); otherwise captured now and written by another thread
         // (before going on when the sink commits once a snapshot is durable).
         let t = Instant::now();
-        let path = savepoint_path(savepoint_dir, source.records());
-        let incremental = match checkpoints {
-            Some(c) => c.savepoint(self, pipeline, source, &path).map_err(NotSwapped::Failed)?,
-            None => false,
-        };
-        let (savepoint, writer) = if incremental {
-            (path, None)
-        } else if self.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
-            let (meta, snapshots) = self.snapshot(pipeline, source).map_err(NotSwapped::Failed)?;
-            let path =
-                store_savepoint(self, meta, &snapshots, source, savepoint_dir).map_err(NotSwapped::Failed)?;
-            (path, None)
-        } else {
-            let (meta, snapshots) = self.snapshot(pipeline, source).map_err(NotSwapped::Failed)?;
-            let components: Vec<Component> = self.components.iter().flatten().cloned().collect();
-            let to = path.clone();
-            let writer = std::thread::Builder::new()
-                .name("km0-savepoint".into())
-                .spawn(move || write_savepoint_files(&to, meta, &snapshots, &components))
-                .map_err(|e| NotSwapped::Failed(Error::io("start the savepoint writer", &path, e)))?;
-            (path, Some(writer))
-        };
+        let (savepoint, writer) = begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir)
+            .map_err(NotSwapped::Failed)?;
         let savepoint_time = t.elapsed();
         // A refused swap waits for its rollback savepoint (named in the refusal).
         let refused = |r: Refused, writer: Option<SavepointWriter>| {

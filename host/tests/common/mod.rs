@@ -130,3 +130,10 @@ pub fn reference_run(dir: &Path, job: &Path) {
 pub fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
+
+/// Append `text` to the followed input `dir/live.jsonl`.
+pub fn append(dir: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("live.jsonl")).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}

@@ -74,8 +74,6 @@ pub struct Batch {
     group_list: Vec<(u32, i64)>,
     /// A group relabelled into another (merged sessions) points at it.
     alias: Vec<u32>,
-    /// Groups staged per key (a key with staged rows must not be forgotten).
-    key_groups: FastMap<u32, u32>,
     row_group: Vec<u32>,
     row_time: Vec<i64>,
     staged: Vec<Staged>,
@@ -104,7 +102,6 @@ impl Batch {
             index: FastMap::default(),
             group_list: Vec::new(),
             alias: Vec::new(),
-            key_groups: FastMap::default(),
             row_group: Vec::new(),
             row_time: Vec::new(),
             staged: fields.iter().map(|&t| Staged::new(t)).collect(),
@@ -136,9 +133,9 @@ impl Batch {
         self.index.contains_key(&(key, id))
     }
 
-    /// Whether any row is staged for this key.
-    pub fn stages_key(&self, key: u32) -> bool {
-        self.key_groups.contains_key(&key)
+    /// The keys rows are staged for (a key may come more than once).
+    pub fn staged_keys(&self) -> impl Iterator<Item = u32> + '_ {
+        self.group_list.iter().map(|&(key, _)| key)
     }
 
     /// Stage a row's group and time; then push one value per column, in column order.
@@ -151,7 +148,6 @@ impl Batch {
         if new {
             self.group_list.push((key, id));
             self.alias.push(NO_ALIAS);
-            *self.key_groups.entry(key).or_insert(0) += 1;
         }
         self.row_group.push(g);
         self.row_time.push(time);
@@ -350,7 +346,6 @@ impl Batch {
         // New group numbers, in first-seen order of the kept rows.
         let old_groups = std::mem::take(&mut self.group_list);
         self.index.clear();
-        self.key_groups.clear();
         self.alias.clear();
         let mut renumber = vec![u32::MAX; old_groups.len()];
         for (dst, &r) in kept.iter().enumerate() {
@@ -361,7 +356,6 @@ impl Batch {
                 self.index.insert((key, id), renumber[g]);
                 self.group_list.push((key, id));
                 self.alias.push(NO_ALIAS);
-                *self.key_groups.entry(key).or_insert(0) += 1;
             }
             self.row_group[dst] = renumber[g];
             self.row_time[dst] = self.row_time[r];

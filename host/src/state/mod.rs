@@ -8,7 +8,8 @@ pub mod captured;
 pub mod rocks;
 
 use crate::window::Window;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -22,6 +23,10 @@ pub struct KeyTable {
     free: Vec<u32>,
     /// Bytes of the encoded keys held.
     bytes: usize,
+    /// Rank of every id in key order (fields compared in turn, bytewise), while
+    /// `ranked`: no key was interned since it was computed.
+    rank: Vec<u32>,
+    ranked: bool,
 }
 
 impl KeyTable {
@@ -43,6 +48,7 @@ impl KeyTable {
     /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
     pub fn insert(&mut self, encoded: &[u8]) -> u32 {
         self.bytes += encoded.len();
+        self.ranked = false;
         let id = match self.free.pop() {
             Some(id) => {
                 self.keys[id as usize] = encoded.into();
@@ -84,14 +90,42 @@ impl KeyTable {
         RawKeyFields { rest: self.encoded(id) }
     }
 
-    /// Live keys.
+    /// The rank of every id in key order, to sort `n` items by key: computed again (for
+    /// every key) only when keys were interned since and there are not many more keys
+    /// than items; None when that is not worth it.
+    pub fn ranks(&mut self, n: usize) -> Option<&[u32]> {
+        if !self.ranked {
+            if self.keys.len() > 4 * n + 1024 {
+                return None;
+            }
+            let mut ids: Vec<u32> = self.ids.values().copied().collect();
+            let keys = &self.keys;
+            ids.sort_unstable_by(|&a, &b| {
+                RawKeyFields { rest: &keys[a as usize] }.cmp(RawKeyFields { rest: &keys[b as usize] })
+            });
+            self.rank.clear();
+            self.rank.resize(self.keys.len(), u32::MAX);
+            for (r, id) in ids.into_iter().enumerate() {
+                self.rank[id as usize] = r as u32;
+            }
+            self.ranked = true;
+        }
+        Some(&self.rank)
+    }
+
     /// Bytes of the encoded keys held.
     pub fn bytes(&self) -> usize {
         self.bytes
     }
 
+    /// Interned keys.
     pub fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    /// One past the largest id given out (ids are dense).
+    pub fn capacity(&self) -> usize {
+        self.keys.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -183,8 +217,8 @@ pub enum TimerKind {
     Cleanup,
 }
 
-/// A timer: at watermark `time`, do `kind` for slot or window `(key, id)`. Ordered by
-/// time, then fire before cleanup.
+/// A timer: at watermark `time`, do `kind` for slot or window `(key, id)`. Timers come
+/// due by time, then fire before cleanup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timer {
     pub time: i64,
@@ -200,14 +234,25 @@ pub struct Slot {
     pub acc: Vec<u8>,
 }
 
+/// The (key, id) of the timers due at one time, by kind.
+#[derive(Default)]
+struct Due {
+    fire: Vec<(u32, i64)>,
+    cleanup: Vec<(u32, i64)>,
+}
+
 /// Accumulators by (key id, slot id), and the timers that fire and clean them up. The
 /// slot id is the window start (tumbling), the pane start (sliding) or a session number.
 #[derive(Default)]
 pub struct WindowState {
     slots: FastMap<(u32, i64), Slot>,
-    timers: BTreeSet<Timer>,
-    /// Open slots per key id, to forget keys that have none.
-    per_key: FastMap<u32, u32>,
+    /// Pending timers by time: many windows end at the same time, so a timer costs a
+    /// push (no ordered set of every timer). The same timer may be pending twice.
+    timers: BTreeMap<i64, Due>,
+    /// Open slots per key id (dense ids), to tell keys in use from idle ones.
+    per_key: Vec<u32>,
+    /// Keys with at least one open slot.
+    keys_in_use: usize,
     /// Slots written since the last checkpoint, when a backend keeps an incremental copy.
     dirty: Option<HashSet<(u32, i64), foldhash::fast::RandomState>>,
     /// Bytes of the accumulators held.
@@ -229,11 +274,20 @@ impl WindowState {
     /// Open a slot if absent; true when it was created.
     #[inline]
     pub fn open(&mut self, key: u32, id: i64, window: Window) -> bool {
-        if self.slots.contains_key(&(key, id)) {
-            return false;
+        match self.slots.entry((key, id)) {
+            Entry::Occupied(_) => return false,
+            Entry::Vacant(v) => {
+                v.insert(Slot { window, acc: Vec::new() });
+            }
         }
-        self.slots.insert((key, id), Slot { window, acc: Vec::new() });
-        *self.per_key.entry(key).or_insert(0) += 1;
+        let k = key as usize;
+        if k >= self.per_key.len() {
+            self.per_key.resize(k + 1, 0);
+        }
+        if self.per_key[k] == 0 {
+            self.keys_in_use += 1;
+        }
+        self.per_key[k] += 1;
         if let Some(d) = &mut self.dirty {
             d.insert((key, id));
         }
@@ -289,40 +343,63 @@ impl WindowState {
         if let Some(d) = &mut self.dirty {
             d.remove(&(key, id));
         }
-        let last = match self.per_key.get_mut(&key) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                false
-            }
-            _ => {
-                self.per_key.remove(&key);
-                true
-            }
-        };
+        let n = &mut self.per_key[key as usize];
+        *n -= 1;
+        let last = *n == 0;
+        if last {
+            self.keys_in_use -= 1;
+        }
         Some((slot, last))
     }
 
-    pub fn add_timer(&mut self, t: Timer) {
-        self.timers.insert(t);
+    /// Take a slot's accumulator out, leaving it empty (the slot is about to be removed).
+    pub fn take_acc(&mut self, key: u32, id: i64) -> Option<(Window, Vec<u8>)> {
+        let slot = self.slots.get_mut(&(key, id))?;
+        self.acc_bytes -= slot.acc.len();
+        Some((slot.window, std::mem::take(&mut slot.acc)))
     }
 
-    pub fn remove_timer(&mut self, t: &Timer) {
-        self.timers.remove(t);
+    /// Whether a key has open slots.
+    #[inline]
+    pub fn in_use(&self, key: u32) -> bool {
+        self.per_key.get(key as usize).is_some_and(|&n| n > 0)
+    }
+
+    /// Set a timer (a timer set twice comes due twice).
+    #[inline]
+    pub fn add_timer(&mut self, t: Timer) {
+        let due = self.timers.entry(t.time).or_default();
+        match t.kind {
+            TimerKind::Fire => due.fire.push((t.key, t.id)),
+            TimerKind::Cleanup => due.cleanup.push((t.key, t.id)),
+        }
     }
 
     /// Time of the earliest timer.
     #[inline]
     pub fn next_timer(&self) -> Option<i64> {
-        self.timers.first().map(|t| t.time)
+        self.timers.first_key_value().map(|(&t, _)| t)
     }
 
     /// Take the earliest timer if it is due at `watermark`.
     pub fn pop_due(&mut self, watermark: i64) -> Option<Timer> {
-        if self.timers.first()?.time <= watermark {
-            self.timers.pop_first()
-        } else {
-            None
+        let mut first = self.timers.first_entry()?;
+        let time = *first.key();
+        if time > watermark {
+            return None;
         }
+        let due = first.get_mut();
+        let t = match due.fire.pop() {
+            Some((key, id)) => Timer { time, kind: TimerKind::Fire, key, id },
+            None => {
+                let (key, id) = due.cleanup.pop()?;
+                Timer { time, kind: TimerKind::Cleanup, key, id }
+            }
+        };
+        if due.fire.is_empty() && due.cleanup.is_empty() {
+            first.remove();
+        }
+        Some(t)
     }
 
     /// Open slots.
@@ -336,7 +413,7 @@ impl WindowState {
 
     /// Keys with at least one open slot.
     pub fn keys_in_use(&self) -> usize {
-        self.per_key.len()
+        self.keys_in_use
     }
 
     /// Every slot, in no particular order.
@@ -352,11 +429,6 @@ impl WindowState {
     /// The slots written since the last call (when tracking).
     pub fn take_dirty(&mut self) -> Vec<(u32, i64)> {
         self.dirty.as_mut().map(|d| d.drain().collect()).unwrap_or_default()
-    }
-
-    /// Pending timers, for savepoints.
-    pub fn timers(&self) -> impl Iterator<Item = &Timer> {
-        self.timers.iter()
     }
 }
 

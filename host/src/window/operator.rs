@@ -21,6 +21,10 @@ use crate::state::captured::CapturedSlots;
 use crate::state::{KeyTable, Timer, TimerKind, WindowState};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
+
+/// Keys interned before the first sweep of idle keys (see
+/// [`WindowOperator::forget_idle_keys`]).
+const IDLE_KEYS_KEPT: usize = 4096;
 use std::borrow::Cow;
 use std::collections::HashMap;
 
@@ -133,6 +137,10 @@ pub struct WindowOperator {
     assigner: Assigner,
     lateness: i64,
     keys: KeyTable,
+    /// Keys an event reached since the last sweep of idle keys, by id.
+    touched: Vec<bool>,
+    /// Interned keys at which the next sweep happens.
+    sweep_at: usize,
     state: WindowState,
     batch: Batch,
     batch_size: usize,
@@ -186,6 +194,8 @@ impl WindowOperator {
             assigner: Assigner::new(spec.kind),
             lateness: spec.allowed_lateness_ms,
             keys: KeyTable::default(),
+            touched: Vec::new(),
+            sweep_at: IDLE_KEYS_KEPT,
             state: WindowState::default(),
             batch: Batch::new(&types, key_arity, plugin.info().ordered_input),
             batch_size,
@@ -260,15 +270,15 @@ impl WindowOperator {
         self.state.len()
     }
 
-    /// Interned keys.
     /// Bytes of the accumulators and keys this operator holds (without the maps' own
     /// overhead).
     pub fn state_bytes(&self) -> usize {
         self.state.acc_bytes() + self.keys.bytes()
     }
 
+    /// Keys with open slots (windows, panes, sessions).
     pub fn keys(&self) -> usize {
-        self.keys.len()
+        self.state.keys_in_use()
     }
 
     /// Staged rows not yet given to the plugin.
@@ -280,11 +290,19 @@ impl WindowOperator {
     /// (keys are built from raw input bytes) and interned.
     #[inline]
     fn key_id(&mut self, key: &[u8]) -> Option<u32> {
-        match self.keys.get(key) {
-            Some(id) => Some(id),
-            None if crate::state::valid_key(key) => Some(self.keys.insert(key)),
-            None => None,
+        let id = match self.keys.get(key) {
+            Some(id) => id,
+            None if crate::state::valid_key(key) => self.keys.insert(key),
+            None => return None,
+        };
+        match self.touched.get_mut(id as usize) {
+            Some(t) => *t = true,
+            None => {
+                self.touched.resize(id as usize + 1, false);
+                self.touched[id as usize] = true;
+            }
         }
+        Some(id)
     }
 
     /// Check the plugin's columns in a projected record; the reason names the field.
@@ -403,7 +421,7 @@ impl WindowOperator {
             let sliding = matches!(self.assigner, Assigner::Sliding { .. });
             let fires: Vec<(u32, i64)> =
                 refire.into_iter().map(|e| (k, if sliding { e } else { slot.start })).collect();
-            self.emit(&fires, out)?;
+            self.emit(&fires, out, false)?;
         } else if self.batch.len() >= self.batch_size {
             self.flush(Some(wm))?;
         }
@@ -446,10 +464,6 @@ impl WindowOperator {
             }
         }
         if merged.end.saturating_add(self.lateness) <= wm {
-            if list.is_empty() && !self.batch.stages_key(k) {
-                self.sessions.remove(&k);
-                self.keys.remove(k);
-            }
             return Ok(Verdict::Late { window: merged });
         }
         let id = match first {
@@ -502,7 +516,7 @@ impl WindowOperator {
                 self.counters.late_updates += 1;
             }
             self.flush(Some(wm))?;
-            self.emit(&[(k, id)], out)?;
+            self.emit(&[(k, id)], out, false)?;
         } else if self.batch.len() >= self.batch_size {
             self.flush(Some(wm))?;
         }
@@ -572,22 +586,41 @@ impl WindowOperator {
         }
     }
 
-    /// Remove a slot and what refers to it (its session entry; its key, when it was the
-    /// key's last slot and nothing is staged for the key). A timer still pending for it
-    /// finds nothing, or (a key interned again under the same id) a slot that would have
-    /// set the same timer.
+    /// Remove a slot and what refers to it (its session entry). A timer still pending for
+    /// it finds nothing, or (a key forgotten and another interned under the same id) a
+    /// slot that would have set the same timer.
     fn drop_slot(&mut self, key: u32, id: i64) {
-        if let Some(last) = self.remove_slot(key, id) {
+        if self.remove_slot(key, id).is_some() {
             if let Some(list) = self.sessions.get_mut(&key) {
                 list.retain(|r| r.id != id);
                 if list.is_empty() {
                     self.sessions.remove(&key);
                 }
             }
-            if last && !self.batch.stages_key(key) {
-                self.keys.remove(key);
-            }
         }
+    }
+
+    /// A key stays interned between its windows, so that its next event finds it. Once
+    /// the table has doubled since the last sweep, the keys no event has reached since
+    /// then and that have no open slot or staged row are forgotten: the table holds about
+    /// twice the keys active between two sweeps, and the sweeps cost O(1) per new key.
+    fn forget_idle_keys(&mut self) {
+        if self.keys.len() < self.sweep_at {
+            return;
+        }
+        let mut keep = std::mem::take(&mut self.touched);
+        keep.resize(self.keys.capacity(), false);
+        for k in self.batch.staged_keys() {
+            keep[k as usize] = true;
+        }
+        let idle: Vec<u32> =
+            self.keys.ids().filter(|&k| !keep[k as usize] && !self.state.in_use(k)).collect();
+        for k in idle {
+            self.keys.remove(k);
+        }
+        keep.clear();
+        self.touched = keep;
+        self.sweep_at = (2 * self.keys.len()).max(IDLE_KEYS_KEPT);
     }
 
     /// Remove a slot, noting it for the incremental backend; returns whether it was the
@@ -893,20 +926,22 @@ impl WindowOperator {
                 TimerKind::Cleanup => cleanups.push((t.key, t.id)),
             }
         }
-        self.emit(&fires, out)?;
+        self.emit(&fires, out, self.fire_cleans_up())?;
         if self.fire_cleans_up() {
             cleanups.extend_from_slice(&fires);
         }
         for (key, id) in cleanups {
             self.drop_slot(key, id);
         }
+        self.forget_idle_keys();
         self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
         Ok(())
     }
 
     /// Compute and write the results of windows: `(key, id)` is a slot for tumbling and
     /// session windows, `(key, end)` for sliding windows (merged from their panes).
-    fn emit(&mut self, fires: &[(u32, i64)], out: &mut Vec<Emitted>) -> Result<()> {
+    /// `closing`: the slots are removed next, so their accumulators are taken, not copied.
+    fn emit(&mut self, fires: &[(u32, i64)], out: &mut Vec<Emitted>, closing: bool) -> Result<()> {
         if !self.doomed.is_empty() {
             self.drop_doomed();
         }
@@ -916,19 +951,31 @@ impl WindowOperator {
         // (key, window, accumulator) of every window.
         let mut windows: Vec<(u32, Window, Vec<u8>)> = match self.assigner {
             Assigner::Sliding { size, slide } => self.merge_panes(fires, size, slide)?,
+            _ if closing => fires
+                .iter()
+                .filter_map(|&(k, id)| self.state.take_acc(k, id).map(|(w, a)| (k, w, a)))
+                .collect(),
             _ => fires
                 .iter()
                 .filter_map(|&(k, id)| self.state.slot(k, id).map(|s| (k, s.window, s.acc.clone())))
                 .collect(),
         };
-        let keys = &self.keys;
-        // (A window is one key's slot: no two are equal, so an unstable sort gives the
-        // same order.)
-        windows.sort_unstable_by(|a, b| {
-            (a.1.end, a.1.start)
-                .cmp(&(b.1.end, b.1.start))
-                .then_with(|| keys.raw_fields(a.0).cmp(keys.raw_fields(b.0)))
-        });
+        // By window, then key. (A window is one key's slot: no two are equal, so an
+        // unstable sort gives the same order.)
+        match self.keys.ranks(windows.len()) {
+            Some(rank) => windows.sort_unstable_by_key(|w| (w.1.end, w.1.start, rank[w.0 as usize])),
+            None => {
+                let keys = &self.keys;
+                windows.sort_unstable_by(|a, b| {
+                    (a.1.end, a.1.start)
+                        .cmp(&(b.1.end, b.1.start))
+                        .then_with(|| keys.raw_fields(a.0).cmp(keys.raw_fields(b.0)))
+                });
+            }
+        }
+        // A timer may have been set twice (a slot dropped and opened again before its
+        // timer came due): a window fires once.
+        windows.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         for chunk in windows.chunks(self.batch_size) {
             fill_groups(
                 &mut self.fire_groups,

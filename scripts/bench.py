@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""km0's benchmark table (`make bench`): every case of issue 16 on this machine, one table.
+
+Each case runs the release binary in its own process, so that its CPU time and peak RSS
+are its own:
+  - throughput (`km0 bench`, best of 3, records per CPU-second of the whole process):
+    the stock alert on the default stream (1 000 keys) and on 10 000 keys (500 products x
+    20 markets), and the delivery panel;
+  - ~1M open keyed windows (1000 products x 1000 markets, every event in one 5-minute
+    window), memory and RocksDB backends: the processing pause of one checkpoint, the
+    recovery from it, and the process's peak RSS;
+  - memory per open window: the resident set of a job that follows its input, measured
+    once it has read everything (nothing fired yet), with ~1M and ~250k open windows:
+    the difference over the difference in windows;
+  - Kafka -> km0 -> Kafka against a local tansu broker (tests/bench_kafka.rs): km0's own
+    CPU per record. Skipped, and said so, without tansu (KM0_TANSU or scripts/install-tansu.sh).
+
+  scripts/bench.py [--quick]     (--quick: smaller streams, for a smoke run)
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/km0-target"))
+KM0 = os.path.join(TARGET, "release", "km0")
+QUICK = "--quick" in sys.argv
+SCALE = 10 if QUICK else 1
+ROWS = []
+
+
+def row(case, value, unit, goal, how):
+    ROWS.append((case, value, unit, goal, how))
+    print(f"  {case}: {value} {unit}", file=sys.stderr, flush=True)
+
+
+def run(args, **kw):
+    """Run a command; returns (stdout + stderr, peak RSS in MiB)."""
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(args)} failed:\n{out}")
+    return out, usage.ru_maxrss / 1024
+
+
+def grab(pattern, text, what):
+    m = re.search(pattern, text)
+    if not m:
+        sys.exit(f"bench: no {what} in:\n{text}")
+    return float(m.group(1))
+
+
+def pipeline(work, name, source, extra=""):
+    """The stock-alert pipeline reading `source`, its outputs under `work/name`."""
+    text = open(os.path.join(ROOT, "examples/stock-alert/pipeline.toml")).read()
+    text = text.replace('path = "data/stock.jsonl"', f'path = "{source}"')
+    text = text.replace("../../plugins/dist/", os.path.join(ROOT, "plugins/dist/"))
+    text = text.replace('"out/', f'"{work}/{name}/')
+    path = os.path.join(work, f"{name}.toml")
+    with open(path, "w") as f:
+        f.write(text + extra)
+    return path
+
+
+def throughput(work):
+    print("throughput (km0 bench, best of 3):", file=sys.stderr)
+    stock = os.path.join(ROOT, "examples/stock-alert/pipeline.toml")
+    panel = os.path.join(ROOT, "examples/delivery-panel/pipeline.toml")
+    cases = [
+        ("stock alert, 1 000 keys", [stock, "--events", str(1_000_000 // SCALE)], ">= 5"),
+        (
+            "stock alert, 10 000 keys",
+            [stock, "--events", str(2_000_000 // SCALE), "--products", "500", "--markets", "20"],
+            ">= 4",
+        ),
+        ("delivery panel, 140 riders", [panel, "--stream", "delivery", "--events", str(1_000_000 // SCALE)], ">= 1.5"),
+    ]
+    for case, args, goal in cases:
+        out, _ = run([KM0, "bench", *args])
+        rate = grab(r"best ([0-9.]+) M records per CPU-second", out, "rate")
+        row(case, f"{rate:.2f}", "M records/CPU-s", goal, "km0 bench " + " ".join(args[1:]))
+
+
+def windows(work):
+    products = 1000 // (3 if QUICK else 1)
+    events = 2_000_000 // SCALE
+    keys = os.path.join(work, "keys.jsonl")
+    run([KM0, "generate", "stock", "--events", str(events), "--products", str(products), "--markets", str(products),
+         "--gap-ms", "0", "--late-fraction", "0", "--out", keys])
+    print(f"{events} events over {products}x{products} keys in one window:", file=sys.stderr)
+    for backend in ("memory", "rocksdb"):
+        extra = (
+            f'\n[checkpoints]\ndir = "{work}/chk-{backend}"\ninterval = "1h"\nevery_records = {events - 10_000}\n'
+            f'retain = 2\n[state]\nbackend = "{backend}"\ndir = "{work}/state-{backend}"\n'
+        )
+        p = pipeline(work, backend, keys, extra)
+        out, rss = run([KM0, "run", p, "--http", "off", "--quiet", "--stop-with-savepoint-after", str(events - 1)])
+        pause = grab(r"processing paused ([0-9.]+) ms at most", out, "checkpoint pause")
+        open_windows = int(grab(r"\(([0-9]+) open windows", out, "open windows"))
+        row(f"checkpoint pause, {open_windows} open windows, {backend}", f"{pause:.0f}", "ms", "< 50",
+            "scripts/bench.py (one checkpoint near the end of the input)")
+        row(f"peak RSS of that run, {backend}", f"{rss:.0f}", "MiB", "", "getrusage of the km0 process")
+        out, _ = run([KM0, "run", p, "--http", "off", "--quiet"])
+        recovery = grab(r"recovered from checkpoint \S+ in ([0-9.]+) ms", out, "recovery time")
+        row(f"recovery of {open_windows} windows, {backend}", f"{recovery:.0f}", "ms", "< 1000",
+            "the same pipeline run again: restored from its checkpoint")
+    return keys, products, events
+
+
+def resident(work, name, source, events):
+    """(VmRSS in bytes, open windows) of a job following `source` once it has read it all."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = pipeline(work, name, source)
+    job = subprocess.Popen([KM0, "run", p, "--follow", "--quiet", "--http", f"127.0.0.1:{port}"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 600
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/job", timeout=5) as r:
+                    status = json.load(r)
+                if status["counters"]["read"] >= events:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline or job.poll() is not None:
+                sys.exit("bench: the following job did not read its input")
+            time.sleep(0.5)
+        time.sleep(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/job", timeout=5) as r:
+            status = json.load(r)
+        rss = next(int(l.split()[1]) * 1024 for l in open(f"/proc/{job.pid}/status") if l.startswith("VmRSS:"))
+        return rss, sum(a["open_windows"] for a in status["aggregations"])
+    finally:
+        job.kill()
+        job.wait()
+
+
+def memory_per_window(work, keys, products, events):
+    small = os.path.join(work, "small.jsonl")
+    run([KM0, "generate", "stock", "--events", str(events // 4), "--products", str(products // 2), "--markets",
+         str(products // 2), "--gap-ms", "0", "--late-fraction", "0", "--out", small])
+    big_rss, big_windows = resident(work, "follow-big", keys, events)
+    small_rss, small_windows = resident(work, "follow-small", small, events // 4)
+    per = (big_rss - small_rss) / max(1, big_windows - small_windows)
+    row("memory per open window (memory backend)", f"{per:.0f}", "bytes", "",
+        f"resident set with {big_windows} and {small_windows} open windows")
+
+
+def kafka():
+    if not os.environ.get("KM0_TANSU") and not shutil.which("tansu"):
+        row("Kafka -> km0 -> Kafka, km0 CPU per record", "skipped", "(no tansu)", "<= 0.8", "")
+        return
+    env = dict(os.environ, KM0_BENCH_EVENTS=str(1_000_000 // SCALE))
+    out, _ = run(["cargo", "bench", "--locked", "-q", "-p", "km0-e2e", "--bench", "kafka"], cwd=ROOT, env=env)
+    rate = grab(r"\(([0-9]+) records per km0 CPU-second\)", out, "Kafka rate")
+    row("Kafka -> km0 -> Kafka, km0 CPU per record", f"{1e6 / rate:.2f}", "µs", "<= 0.8",
+        "cargo bench -p km0-e2e --bench kafka")
+
+
+def main():
+    if not os.access(KM0, os.X_OK):
+        sys.exit(f"bench: build km0 first ({KM0}): cargo build --release -p km0")
+    work = tempfile.mkdtemp(prefix="km0-bench.")
+    try:
+        throughput(work)
+        keys, products, events = windows(work)
+        memory_per_window(work, keys, products, events)
+        kafka()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    width = [max(len(str(r[i])) for r in ROWS + [("case", "value", "unit", "goal", "how")]) for i in range(4)]
+    print(f"| {'case':<{width[0]}} | {'value':>{width[1]}} | {'unit':<{width[2]}} | {'goal':<{width[3]}} |")
+    print(f"|{'-' * (width[0] + 2)}|{'-' * (width[1] + 1)}:|{'-' * (width[2] + 2)}|{'-' * (width[3] + 2)}|")
+    for case, value, unit, goal, _ in ROWS:
+        print(f"| {case:<{width[0]}} | {value:>{width[1]}} | {unit:<{width[2]}} | {goal:<{width[3]}} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,8 @@ test:
 	./scripts/test.sh
 plugins:
 	./scripts/build-plugins.sh
+# Every benchmark case (throughput, ~1M-window checkpoints and recovery, memory per
+# window, Kafka path), one table: scripts/bench.py.
 bench: plugins
-	cargo build --release --locked -p km0
-	$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target}/release/km0 bench examples/stock-alert/pipeline.toml --events 1000000
+	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target} cargo build --release --locked -p km0
+	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target} python3 scripts/bench.py

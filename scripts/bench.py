@@ -162,7 +162,7 @@ def kafka():
     if not os.environ.get("KM0_TANSU") and not shutil.which("tansu"):
         row("Kafka -> km0 -> Kafka, km0 CPU per record", "skipped", "(no tansu)", "<= 0.8", "")
         return
-    env = dict(os.environ, KM0_BENCH_EVENTS=str(1_000_000 // SCALE))
+    env = dict(os.environ, KM0_BENCH_EVENTS=str(1_000_000 // SCALE), CARGO_TARGET_DIR=TARGET)
     out, _ = run(["cargo", "bench", "--locked", "-q", "-p", "km0-e2e", "--bench", "kafka"], cwd=ROOT, env=env)
     rate = grab(r"\(([0-9]+) records per km0 CPU-second\)", out, "Kafka rate")
     row("Kafka -> km0 -> Kafka, km0 CPU per record", f"{1e6 / rate:.2f}", "µs", "<= 0.8",

@@ -276,6 +276,11 @@ impl WindowOperator {
         self.state.acc_bytes() + self.keys.bytes()
     }
 
+    /// Keys interned, idle ones included (see [`Self::forget_idle_keys`]).
+    pub fn interned_keys(&self) -> usize {
+        self.keys.len()
+    }
+
     /// Keys with open slots (windows, panes, sessions).
     pub fn keys(&self) -> usize {
         self.state.keys_in_use()

@@ -175,3 +175,52 @@ fn within_the_allowed_lateness_a_window_fires_again_with_the_late_event_and_not_
     assert_eq!(verdicts[1], Verdict::Accepted);
     assert!(matches!(verdicts[2], Verdict::Late { .. }), "{verdicts:?}");
 }
+
+/// `(key, time)` events into tumbling windows of 5 ms, the watermark at each event's time;
+/// the results in the order they were emitted, as `(result key, times)`.
+fn keyed_run(events: impl Iterator<Item = (String, i64)>) -> (Vec<(String, Vec<i64>)>, WindowOperator) {
+    let spec = WindowSpec { kind: WindowKind::Tumbling { size_ms: 5 }, allowed_lateness_ms: 0 };
+    let mut op = WindowOperator::new("w", false, &spec, times(false), 1024, 1, Vec::new());
+    let mut out = Vec::new();
+    for (k, t) in events {
+        let mut key = Vec::new();
+        crate::state::push_key_field(&mut key, k.as_bytes());
+        op.advance(t, &mut out).unwrap();
+        assert_eq!(op.on_event(&key, t, t, &[], &mut out).unwrap(), Verdict::Accepted);
+    }
+    op.drain(&mut out).unwrap();
+    let results = out
+        .into_iter()
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e.value.as_deref().unwrap()).unwrap();
+            (e.key, v["times"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect())
+        })
+        .collect();
+    (results, op)
+}
+
+#[test]
+fn windows_that_fire_together_come_out_by_window_then_key_bytes() {
+    // Keys first seen in the order b, a, ab; [0,5) and [5,10) fire at the end together.
+    let events = [("b", 1), ("a", 2), ("ab", 3), ("b", 6), ("a", 7)].map(|(k, t)| (k.to_string(), t));
+    let (got, _) = keyed_run(events.into_iter());
+    let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["0|a", "0|ab", "0|b", "5|a", "5|b"]);
+    assert_eq!(got[1].1, [3]);
+}
+
+#[test]
+fn idle_keys_are_forgotten_and_every_window_keeps_its_events() {
+    // 20 000 keys, one event each, each in a window of its own that closes at the next
+    // event: the key table holds the keys of at most the last two sweeps (4096 keys at
+    // first, then twice what survived), not every key seen.
+    let n = 20_000i64;
+    let (got, op) = keyed_run((0..n).map(|i| (format!("k{i}"), i * 10)));
+    assert_eq!(got.len(), n as usize);
+    for (i, (key, times)) in got.iter().enumerate() {
+        let i = i as i64;
+        assert_eq!((key.as_str(), times.as_slice()), (format!("{}|k{i}", i * 10).as_str(), &[i * 10][..]));
+    }
+    assert!(op.interned_keys() <= 8192, "{} keys interned", op.interned_keys());
+    assert_eq!(op.keys(), 0);
+}

@@ -15,7 +15,8 @@ are its own:
   - Kafka -> km0 -> Kafka against a local tansu broker (tests/bench_kafka.rs): km0's own
     CPU per record. Skipped, and said so, without tansu (KM0_TANSU or scripts/install-tansu.sh).
 
-  scripts/bench.py [--quick]     (--quick: smaller streams, for a smoke run)
+  scripts/bench.py [--quick] [--only throughput,windows,kafka]
+  (--quick: smaller streams, for a smoke run; --only: some groups of cases)
 """
 import json
 import os
@@ -33,6 +34,7 @@ TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/km0-tar
 KM0 = os.path.join(TARGET, "release", "km0")
 QUICK = "--quick" in sys.argv
 SCALE = 10 if QUICK else 1
+ONLY = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
 ROWS = []
 
 
@@ -174,10 +176,13 @@ def main():
         sys.exit(f"bench: build km0 first ({KM0}): cargo build --release -p km0")
     work = tempfile.mkdtemp(prefix="km0-bench.")
     try:
-        throughput(work)
-        keys, products, events = windows(work)
-        memory_per_window(work, keys, products, events)
-        kafka()
+        if not ONLY or "throughput" in ONLY:
+            throughput(work)
+        if not ONLY or "windows" in ONLY:
+            keys, products, events = windows(work)
+            memory_per_window(work, keys, products, events)
+        if not ONLY or "kafka" in ONLY:
+            kafka()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     width = [max(len(str(r[i])) for r in ROWS + [("case", "value", "unit", "goal", "how")]) for i in range(4)]

@@ -113,14 +113,14 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 fn encode_state(captures: &[Capture]) -> Vec<u8> {
-    let len = captures.iter().map(|c| c.slots.bytes.len() + 16).sum::<usize>() + 16;
+    let len = captures.iter().map(|c| c.slots.encoded_len() + 16).sum::<usize>() + 16;
     let mut out = Vec::with_capacity(len);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&(captures.len() as u32).to_le_bytes());
     for c in captures {
         out.extend_from_slice(&c.slots.count.to_le_bytes());
-        out.extend_from_slice(&c.slots.bytes);
+        c.slots.encode_into(&mut out);
         encode_rows_into(&mut out, &c.rows);
     }
     out

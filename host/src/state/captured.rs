@@ -1,8 +1,10 @@
-//! An operator's state captured for a snapshot: its open slots encoded straight into
-//! the bytes `state.bin` holds for them ([`crate::checkpoint::savepoint`]), one buffer
-//! for all of them, so that processing stops for a copy, not for millions of small
-//! allocations.
+//! An operator's state captured for a snapshot. Processing stops only for a copy of the
+//! key table (one buffer) and of each open slot's fixed-size record and
+//! accumulator bytes, read in the slot table's own order: no pointer is chased per slot.
+//! The bytes `state.bin` holds for them ([`crate::checkpoint::savepoint`]) are laid out
+//! later, by the thread that writes the snapshot ([`CapturedSlots::encode_into`]).
 
+use super::KeyTable;
 use crate::window::Window;
 
 /// A key in `state.bin`: its field count, then the encoded fields.
@@ -12,28 +14,71 @@ pub fn put_key(out: &mut Vec<u8>, key: &[u8]) {
     out.extend_from_slice(key);
 }
 
-/// Encoded slots: `count` of them, each as key | i64 slot id | i64 start | i64 end | u32
-/// length, accumulator bytes.
+/// One captured slot; its accumulator is the next `acc_len` bytes of the captured ones.
+#[derive(Debug, Clone, Copy)]
+struct CapturedSlot {
+    id: i64,
+    window: Window,
+    key: u32,
+    acc_len: u32,
+}
+
+/// Captured slots: `count` of them, with the keys they refer to.
 #[derive(Debug, Clone, Default)]
 pub struct CapturedSlots {
     pub count: u64,
-    pub bytes: Vec<u8>,
+    /// A copy of the key table's buffer, and every id's (start, length) in it.
+    key_bytes: Vec<u8>,
+    key_spans: Vec<(usize, u32)>,
+    slots: Vec<CapturedSlot>,
+    accs: Vec<u8>,
 }
 
 impl CapturedSlots {
-    pub fn with_capacity(slots: usize, bytes: usize) -> CapturedSlots {
-        CapturedSlots { count: 0, bytes: Vec::with_capacity(bytes.max(slots * 48)) }
+    /// Start a capture with a copy of `keys`, room for `slots` slots and `acc_bytes`
+    /// accumulator bytes.
+    pub fn new(keys: &KeyTable, slots: usize, acc_bytes: usize) -> CapturedSlots {
+        let (key_bytes, key_spans) = keys.parts();
+        CapturedSlots {
+            count: 0,
+            key_bytes: key_bytes.to_vec(),
+            key_spans: key_spans.to_vec(),
+            slots: Vec::with_capacity(slots),
+            accs: Vec::with_capacity(acc_bytes),
+        }
     }
 
     #[inline]
-    pub fn push(&mut self, key: &[u8], id: i64, window: Window, acc: &[u8]) {
-        let out = &mut self.bytes;
-        put_key(out, key);
-        out.extend_from_slice(&id.to_le_bytes());
-        out.extend_from_slice(&window.start.to_le_bytes());
-        out.extend_from_slice(&window.end.to_le_bytes());
-        out.extend_from_slice(&(acc.len() as u32).to_le_bytes());
-        out.extend_from_slice(acc);
+    pub fn push(&mut self, key: u32, id: i64, window: Window, acc: &[u8]) {
+        self.slots.push(CapturedSlot { id, window, key, acc_len: acc.len() as u32 });
+        self.accs.extend_from_slice(acc);
         self.count += 1;
+    }
+
+    fn key(&self, id: u32) -> &[u8] {
+        let (start, len) = self.key_spans[id as usize];
+        &self.key_bytes[start..start + len as usize]
+    }
+
+    /// Bytes [`Self::encode_into`] writes.
+    pub fn encoded_len(&self) -> usize {
+        let keys: usize = self.slots.iter().map(|s| self.key(s.key).len()).sum();
+        keys + self.accs.len() + self.slots.len() * (4 + 8 * 3 + 4)
+    }
+
+    /// The slots as `state.bin` holds them: each as key | i64 slot id | i64 start | i64
+    /// end | u32 length, accumulator bytes.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let mut acc_at = 0;
+        for s in &self.slots {
+            put_key(out, self.key(s.key));
+            out.extend_from_slice(&s.id.to_le_bytes());
+            out.extend_from_slice(&s.window.start.to_le_bytes());
+            out.extend_from_slice(&s.window.end.to_le_bytes());
+            out.extend_from_slice(&s.acc_len.to_le_bytes());
+            let end = acc_at + s.acc_len as usize;
+            out.extend_from_slice(&self.accs[acc_at..end]);
+            acc_at = end;
+        }
     }
 }

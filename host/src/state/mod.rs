@@ -10,31 +10,46 @@ pub mod rocks;
 use crate::window::Window;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::BuildHasher;
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Dense ids for key tuples. A key is stored encoded: each field as a little-endian u32
-/// length followed by its UTF-8 bytes.
+/// length followed by its UTF-8 bytes. Keys lie one after another in one buffer, so a
+/// key costs no allocation of its own and a snapshot copies the table in one go; the
+/// index holds only ids, hashed by their key.
 #[derive(Default)]
 pub struct KeyTable {
-    ids: FastMap<Box<[u8]>, u32>,
-    keys: Vec<Box<[u8]>>,
+    index: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+    /// The keys' bytes; removed keys leave holes until the next compaction.
+    arena: Vec<u8>,
+    /// (start, length) in `arena` of every id's key.
+    spans: Vec<(usize, u32)>,
     /// Ids of removed keys, reused first.
     free: Vec<u32>,
-    /// Bytes of the encoded keys held.
+    /// Bytes of the encoded keys held, and of the holes removed keys left.
     bytes: usize,
+    holes: usize,
     /// Rank of every id in key order (fields compared in turn, bytewise), while
     /// `ranked`: no key was interned since it was computed.
     rank: Vec<u32>,
     ranked: bool,
 }
 
+/// Key `id` of an arena.
+#[inline]
+fn key_in<'a>(arena: &'a [u8], spans: &[(usize, u32)], id: u32) -> &'a [u8] {
+    let (start, len) = spans[id as usize];
+    &arena[start..start + len as usize]
+}
+
 impl KeyTable {
     /// The id of an encoded key, interning it on first sight.
     #[inline]
     pub fn intern(&mut self, encoded: &[u8]) -> u32 {
-        match self.ids.get(encoded) {
-            Some(&id) => id,
+        match self.get(encoded) {
+            Some(id) => id,
             None => self.insert(encoded),
         }
     }
@@ -42,42 +57,75 @@ impl KeyTable {
     /// The id of a known key.
     #[inline]
     pub fn get(&self, encoded: &[u8]) -> Option<u32> {
-        self.ids.get(encoded).copied()
+        let hash = self.hasher.hash_one(encoded);
+        self.index.find(hash, |&id| key_in(&self.arena, &self.spans, id) == encoded).copied()
     }
 
     /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
     pub fn insert(&mut self, encoded: &[u8]) -> u32 {
         self.bytes += encoded.len();
         self.ranked = false;
+        let span = (self.arena.len(), encoded.len() as u32);
+        self.arena.extend_from_slice(encoded);
         let id = match self.free.pop() {
             Some(id) => {
-                self.keys[id as usize] = encoded.into();
+                self.spans[id as usize] = span;
                 id
             }
             None => {
-                self.keys.push(encoded.into());
-                self.keys.len() as u32 - 1
+                self.spans.push(span);
+                self.spans.len() as u32 - 1
             }
         };
-        self.ids.insert(encoded.into(), id);
+        let hash = self.hasher.hash_one(encoded);
+        let (arena, spans, hasher) = (&self.arena, &self.spans, &self.hasher);
+        self.index.insert_unique(hash, id, |&i| hasher.hash_one(key_in(arena, spans, i)));
         id
     }
 
     /// Forget a key; its id may be given to another key.
     pub fn remove(&mut self, id: u32) {
-        let key = std::mem::take(&mut self.keys[id as usize]);
-        self.bytes -= key.len();
-        self.ids.remove(&key);
+        let key = key_in(&self.arena, &self.spans, id);
+        let hash = self.hasher.hash_one(key);
+        let Ok(entry) = self.index.find_entry(hash, |&i| i == id) else { return };
+        entry.remove();
+        let len = key.len();
+        self.bytes -= len;
+        self.holes += len;
+        self.spans[id as usize] = (0, 0);
         self.free.push(id);
+        if self.holes > self.bytes.max(1 << 16) {
+            self.compact();
+        }
+    }
+
+    /// Close the holes of removed keys (at most as many bytes as the keys held: O(1) per
+    /// removed byte).
+    fn compact(&mut self) {
+        let mut arena = Vec::with_capacity(self.bytes);
+        for span in &mut self.spans {
+            let (start, len) = *span;
+            *span = (arena.len(), len);
+            arena.extend_from_slice(&self.arena[start..start + len as usize]);
+        }
+        self.arena = arena;
+        self.holes = 0;
     }
 
     /// Every live key id.
     pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.ids.values().copied()
+        self.index.iter().copied()
     }
 
+    #[inline]
     pub fn encoded(&self, id: u32) -> &[u8] {
-        &self.keys[id as usize]
+        key_in(&self.arena, &self.spans, id)
+    }
+
+    /// The keys' buffer and every id's (start, length) in it (a removed id's are
+    /// meaningless), for a snapshot to copy.
+    pub fn parts(&self) -> (&[u8], &[(usize, u32)]) {
+        (&self.arena, &self.spans)
     }
 
     /// The key's fields, in key order.
@@ -95,16 +143,17 @@ impl KeyTable {
     /// than items; None when that is not worth it.
     pub fn ranks(&mut self, n: usize) -> Option<&[u32]> {
         if !self.ranked {
-            if self.keys.len() > 4 * n + 1024 {
+            if self.index.len() > 4 * n + 1024 {
                 return None;
             }
-            let mut ids: Vec<u32> = self.ids.values().copied().collect();
-            let keys = &self.keys;
+            let mut ids: Vec<u32> = self.ids().collect();
+            let (arena, spans) = (&self.arena, &self.spans);
             ids.sort_unstable_by(|&a, &b| {
-                RawKeyFields { rest: &keys[a as usize] }.cmp(RawKeyFields { rest: &keys[b as usize] })
+                RawKeyFields { rest: key_in(arena, spans, a) }
+                    .cmp(RawKeyFields { rest: key_in(arena, spans, b) })
             });
             self.rank.clear();
-            self.rank.resize(self.keys.len(), u32::MAX);
+            self.rank.resize(self.spans.len(), u32::MAX);
             for (r, id) in ids.into_iter().enumerate() {
                 self.rank[id as usize] = r as u32;
             }
@@ -120,16 +169,16 @@ impl KeyTable {
 
     /// Interned keys.
     pub fn len(&self) -> usize {
-        self.ids.len()
+        self.index.len()
     }
 
     /// One past the largest id given out (ids are dense).
     pub fn capacity(&self) -> usize {
-        self.keys.len()
+        self.spans.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.index.is_empty()
     }
 }
 
@@ -227,11 +276,16 @@ pub struct Timer {
     pub id: i64,
 }
 
+/// An accumulator's bytes: up to 16 of them (a typical aggregate's) held in place, so
+/// that most windows cost no allocation of their own and are read without a pointer
+/// chase; longer ones go to the heap.
+pub type Acc = smallvec::SmallVec<[u8; 16]>;
+
 /// One slot of state: a window, a sliding-window pane or a session, with its accumulator.
 #[derive(Debug, Clone)]
 pub struct Slot {
     pub window: Window,
-    pub acc: Vec<u8>,
+    pub acc: Acc,
 }
 
 /// The (key, id) of the timers due at one time, by kind.
@@ -277,7 +331,7 @@ impl WindowState {
         match self.slots.entry((key, id)) {
             Entry::Occupied(_) => return false,
             Entry::Vacant(v) => {
-                v.insert(Slot { window, acc: Vec::new() });
+                v.insert(Slot { window, acc: Acc::new() });
             }
         }
         let k = key as usize;
@@ -353,7 +407,7 @@ impl WindowState {
     }
 
     /// Take a slot's accumulator out, leaving it empty (the slot is about to be removed).
-    pub fn take_acc(&mut self, key: u32, id: i64) -> Option<(Window, Vec<u8>)> {
+    pub fn take_acc(&mut self, key: u32, id: i64) -> Option<(Window, Acc)> {
         let slot = self.slots.get_mut(&(key, id))?;
         self.acc_bytes -= slot.acc.len();
         Some((slot.window, std::mem::take(&mut slot.acc)))
@@ -502,5 +556,41 @@ mod tests {
         assert_eq!(c, a);
         assert_eq!(t.fields(b).collect::<Vec<_>>(), ["b"]);
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn keys_survive_the_compaction_of_removed_ones_and_an_empty_key_is_a_key() {
+        let mut t = KeyTable::default();
+        let key = |i: u32| {
+            let mut k = Vec::new();
+            push_key_field(&mut k, format!("producto-{i}").as_bytes());
+            push_key_field(&mut k, b"girona");
+            k
+        };
+        let ids: Vec<u32> = (0..20_000).map(|i| t.intern(&key(i))).collect();
+        // Removing all but every tenth key leaves more holes than keys: the buffer is
+        // compacted (more than once) on the way.
+        for i in (0..20_000u32).filter(|i| i % 10 != 0) {
+            t.remove(ids[i as usize]);
+        }
+        assert_eq!(t.len(), 2_000);
+        assert!(
+            t.parts().0.len() < 2 * t.bytes() + (1 << 16),
+            "{} bytes for {}",
+            t.parts().0.len(),
+            t.bytes()
+        );
+        for i in (0..20_000u32).step_by(10) {
+            assert_eq!(t.get(&key(i)), Some(ids[i as usize]));
+            assert_eq!(t.encoded(ids[i as usize]), key(i).as_slice());
+        }
+        assert_eq!(t.get(&key(1)), None);
+        // A pipeline without key fields has one key, the empty one.
+        let empty = t.intern(b"");
+        assert_eq!(t.get(b""), Some(empty));
+        assert_eq!(t.fields(empty).count(), 0);
+        t.remove(empty);
+        assert_eq!(t.get(b""), None);
+        assert_eq!(t.len(), 2_000);
     }
 }

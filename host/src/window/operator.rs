@@ -18,7 +18,7 @@ use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, Row, Val
 use crate::plugin::{packed_item, FieldType, Groups, OnError, Packed, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
-use crate::state::{KeyTable, Timer, TimerKind, WindowState};
+use crate::state::{Acc, KeyTable, Timer, TimerKind, WindowState};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -145,8 +145,6 @@ pub struct WindowOperator {
     batch: Batch,
     batch_size: usize,
     key_arity: usize,
-    /// Bytes the last capture took.
-    captured_bytes: usize,
     plugin: Box<dyn Aggregator>,
     /// (projection slot, type) of each plugin column.
     columns: Vec<(usize, FieldType)>,
@@ -200,7 +198,6 @@ impl WindowOperator {
             batch: Batch::new(&types, key_arity, plugin.info().ordered_input),
             batch_size,
             key_arity,
-            captured_bytes: 0,
             plugin,
             columns,
             next_fire: i64::MAX,
@@ -722,7 +719,7 @@ impl WindowOperator {
                     key: keys.encoded(k).to_vec(),
                     id,
                     window: s.window,
-                    acc: s.acc.clone(),
+                    acc: s.acc.to_vec(),
                 })
             })
             .collect();
@@ -954,7 +951,7 @@ impl WindowOperator {
             return Ok(());
         }
         // (key, window, accumulator) of every window.
-        let mut windows: Vec<(u32, Window, Vec<u8>)> = match self.assigner {
+        let mut windows: Vec<(u32, Window, Acc)> = match self.assigner {
             Assigner::Sliding { size, slide } => self.merge_panes(fires, size, slide)?,
             _ if closing => fires
                 .iter()
@@ -1034,7 +1031,7 @@ impl WindowOperator {
     /// that fail again are dead-lettered.
     fn finish_one_by_one(
         &mut self,
-        chunk: &[(u32, Window, Vec<u8>)],
+        chunk: &[(u32, Window, Acc)],
         first: &Error,
     ) -> Result<Vec<crate::plugin::Emitted>> {
         tracing::warn!(error = %first, "plugin fault in finish: isolating the windows");
@@ -1069,7 +1066,7 @@ impl WindowOperator {
         fires: &[(u32, i64)],
         size: i64,
         slide: i64,
-    ) -> Result<Vec<(u32, Window, Vec<u8>)>> {
+    ) -> Result<Vec<(u32, Window, Acc)>> {
         let mut windows = Vec::with_capacity(fires.len());
         let mut panes: Vec<Vec<i64>> = Vec::with_capacity(fires.len());
         for &(k, end) in fires {
@@ -1079,7 +1076,7 @@ impl WindowOperator {
                 .filter(|&p| self.state.slot(k, p).is_some())
                 .collect();
             if let Some(&first) = ids.first() {
-                windows.push((k, Window { start, end }, self.state.acc(k, first).to_vec()));
+                windows.push((k, Window { start, end }, Acc::from_slice(self.state.acc(k, first))));
                 panes.push(ids);
             }
         }
@@ -1092,7 +1089,7 @@ impl WindowOperator {
             let right = packed_of(todo.iter().map(|&w| self.state.acc(windows[w].0, panes[w][r])));
             for (merged, &w) in self.merge_pairs(&left, &right)?.into_iter().zip(&todo) {
                 match merged {
-                    Ok(acc) => windows[w].2 = acc,
+                    Ok(acc) => windows[w].2 = Acc::from_vec(acc),
                     Err(reason) => failed[w] = Some(reason),
                 }
             }
@@ -1187,12 +1184,10 @@ impl WindowOperator {
             self.flush(None)?;
         }
         self.drop_doomed();
-        let mut slots = CapturedSlots::with_capacity(self.state.len(), self.captured_bytes);
+        let mut slots = CapturedSlots::new(&self.keys, self.state.len(), self.state.acc_bytes());
         for (k, id, s) in self.state.iter() {
-            slots.push(self.keys.encoded(k), id, s.window, &s.acc);
+            slots.push(k, id, s.window, &s.acc);
         }
-        // The next capture reserves what this one took.
-        self.captured_bytes = slots.bytes.len();
         Ok(Capture { slots, rows: self.saved_rows(), counters: self.counters.clone() })
     }
 

@@ -48,11 +48,35 @@ impl CapturedSlots {
         }
     }
 
+    /// Start a capture of a few slots, whose keys come with them ([`Self::push_keyed`]).
+    pub fn few(slots: usize) -> CapturedSlots {
+        CapturedSlots { slots: Vec::with_capacity(slots), ..Default::default() }
+    }
+
+    /// Capture a slot whose key is (by id) in the key table copied at the start.
     #[inline]
     pub fn push(&mut self, key: u32, id: i64, window: Window, acc: &[u8]) {
         self.slots.push(CapturedSlot { id, window, key, acc_len: acc.len() as u32 });
         self.accs.extend_from_slice(acc);
         self.count += 1;
+    }
+
+    /// Capture a slot with its key's bytes.
+    pub fn push_keyed(&mut self, key: &[u8], id: i64, window: Window, acc: &[u8]) {
+        self.key_spans.push((self.key_bytes.len(), key.len() as u32));
+        self.key_bytes.extend_from_slice(key);
+        self.push(self.key_spans.len() as u32 - 1, id, window, acc);
+    }
+
+    /// Every slot: (encoded key, slot id, window, accumulator).
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], i64, Window, &[u8])> + '_ {
+        let mut acc_at = 0;
+        self.slots.iter().map(move |s| {
+            let end = acc_at + s.acc_len as usize;
+            let acc = &self.accs[acc_at..end];
+            acc_at = end;
+            (self.key(s.key), s.id, s.window, acc)
+        })
     }
 
     fn key(&self, id: u32) -> &[u8] {
@@ -69,16 +93,13 @@ impl CapturedSlots {
     /// The slots as `state.bin` holds them: each as key | i64 slot id | i64 start | i64
     /// end | u32 length, accumulator bytes.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        let mut acc_at = 0;
-        for s in &self.slots {
-            put_key(out, self.key(s.key));
-            out.extend_from_slice(&s.id.to_le_bytes());
-            out.extend_from_slice(&s.window.start.to_le_bytes());
-            out.extend_from_slice(&s.window.end.to_le_bytes());
-            out.extend_from_slice(&s.acc_len.to_le_bytes());
-            let end = acc_at + s.acc_len as usize;
-            out.extend_from_slice(&self.accs[acc_at..end]);
-            acc_at = end;
+        for (key, id, window, acc) in self.iter() {
+            put_key(out, key);
+            out.extend_from_slice(&id.to_le_bytes());
+            out.extend_from_slice(&window.start.to_le_bytes());
+            out.extend_from_slice(&window.end.to_le_bytes());
+            out.extend_from_slice(&(acc.len() as u32).to_le_bytes());
+            out.extend_from_slice(acc);
         }
     }
 }

@@ -10,6 +10,7 @@
 //! [slot id i64 BE]` -> `[start i64 LE][end i64 LE][accumulator]`; an operator's held
 //! rows (ordered plugins) under `[operator u8][1u8]`, encoded as in savepoints.
 
+use super::captured::CapturedSlots;
 use crate::checkpoint::savepoint::{decode_rows, encode_rows};
 use crate::window::operator::{SavedRow, SavedSlot, Snapshot};
 use crate::window::Window;
@@ -20,8 +21,8 @@ use std::path::{Path, PathBuf};
 /// What changed in one operator since the previous checkpoint.
 #[derive(Debug, Default)]
 pub struct Changes {
-    /// Slots written or updated: (encoded key, slot id, window, accumulator).
-    pub puts: Vec<SavedSlot>,
+    /// Slots written or updated.
+    pub puts: CapturedSlots,
     /// Slots removed: (encoded key, slot id).
     pub deletes: Vec<(Vec<u8>, i64)>,
     /// All held rows (small; rewritten whole).
@@ -72,12 +73,12 @@ impl RocksState {
             for (key, id) in &c.deletes {
                 batch.delete(slot_key(op, key, *id));
             }
-            for s in &c.puts {
-                let mut v = Vec::with_capacity(16 + s.acc.len());
-                v.extend_from_slice(&s.window.start.to_le_bytes());
-                v.extend_from_slice(&s.window.end.to_le_bytes());
-                v.extend_from_slice(&s.acc);
-                batch.put(slot_key(op, &s.key, s.id), v);
+            for (key, id, window, acc) in c.puts.iter() {
+                let mut v = Vec::with_capacity(16 + acc.len());
+                v.extend_from_slice(&window.start.to_le_bytes());
+                v.extend_from_slice(&window.end.to_le_bytes());
+                v.extend_from_slice(acc);
+                batch.put(slot_key(op, key, id), v);
             }
             batch.put([op, 1], encode_rows(&c.rows));
         }
@@ -138,13 +139,18 @@ mod tests {
             window: Window { start: id, end: id + 5 },
             acc: acc.to_vec(),
         };
+        let puts = |slots: &[SavedSlot]| {
+            let mut c = CapturedSlots::few(slots.len());
+            slots.iter().for_each(|s| c.push_keyed(&s.key, s.id, s.window, &s.acc));
+            c
+        };
         let first = Changes {
-            puts: vec![slot(b"\x01\0\0\0a", 0, b"x"), slot(b"\x01\0\0\0b", 5, b"y")],
+            puts: puts(&[slot(b"\x01\0\0\0a", 0, b"x"), slot(b"\x01\0\0\0b", 5, b"y")]),
             ..Default::default()
         };
         rocks.apply_and_checkpoint(&[first], &dir.path().join("c1")).unwrap();
         let second = Changes {
-            puts: vec![slot(b"\x01\0\0\0a", 0, b"x2")],
+            puts: puts(&[slot(b"\x01\0\0\0a", 0, b"x2")]),
             deletes: vec![(b"\x01\0\0\0b".to_vec(), 5)],
             rows: vec![SavedRow { key: b"\x01\0\0\0a".to_vec(), id: 0, time: 3, values: vec![] }],
         };

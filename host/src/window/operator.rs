@@ -709,20 +709,23 @@ impl WindowOperator {
 
     /// What changed since the last call (unordered plugins must have been flushed).
     pub fn take_changes(&mut self) -> crate::state::rocks::Changes {
-        let keys = &self.keys;
-        let puts = self
-            .state
-            .take_dirty()
-            .into_iter()
-            .filter_map(|(k, id)| {
-                self.state.slot(k, id).map(|s| SavedSlot {
-                    key: keys.encoded(k).to_vec(),
-                    id,
-                    window: s.window,
-                    acc: s.acc.to_vec(),
-                })
-            })
-            .collect();
+        let dirty = self.state.take_dirty();
+        let puts = if dirty.len() * 2 >= self.state.len() {
+            // Most slots changed: all of them, in the table's order, with the key table.
+            let mut puts = CapturedSlots::new(&self.keys, self.state.len(), self.state.acc_bytes());
+            for (k, id, s) in self.state.iter() {
+                puts.push(k, id, s.window, &s.acc);
+            }
+            puts
+        } else {
+            let mut puts = CapturedSlots::few(dirty.len());
+            for (k, id) in dirty {
+                if let Some(s) = self.state.slot(k, id) {
+                    puts.push_keyed(self.keys.encoded(k), id, s.window, &s.acc);
+                }
+            }
+            puts
+        };
         let rows = self.saved_rows();
         let deletes = self.removed.as_mut().map(std::mem::take).unwrap_or_default();
         crate::state::rocks::Changes { puts, deletes, rows }

@@ -931,6 +931,11 @@ impl WindowOperator {
                 TimerKind::Cleanup => cleanups.push((t.key, t.id)),
             }
         }
+        if matches!(self.assigner, Assigner::Sliding { .. }) {
+            // Every pane of a window sets the window's timer: it fires once.
+            fires.sort_unstable();
+            fires.dedup();
+        }
         self.emit(&fires, out, self.fire_cleans_up())?;
         if self.fire_cleans_up() {
             cleanups.extend_from_slice(&fires);

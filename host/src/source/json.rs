@@ -242,6 +242,11 @@ fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
     }
     let digits = i;
     let mut v: u64 = 0;
+    // Eight digits at a time (a millisecond timestamp has 13), then one at a time.
+    while let Some(eight) = b.get(i..i + 8).and_then(|c| <[u8; 8]>::try_from(c).ok()).and_then(eight_digits) {
+        v = v.wrapping_mul(100_000_000).wrapping_add(eight);
+        i += 8;
+    }
     while i < b.len() && b[i].is_ascii_digit() {
         v = v.wrapping_mul(10).wrapping_add((b[i] - b'0') as u64);
         i += 1;
@@ -279,6 +284,22 @@ fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
     Ok((Scalar::Number(&b[start..i]), i))
 }
 
+/// The value of eight ASCII digits (SWAR), or None when one of the bytes is not a digit.
+#[inline(always)]
+fn eight_digits(bytes: [u8; 8]) -> Option<u64> {
+    const HIGH: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    let x = u64::from_le_bytes(bytes);
+    // Every byte is 0x30..=0x39: its high nibble is 3, and adding 6 does not carry out of it.
+    if x & HIGH != ZEROS || x.wrapping_add(0x0606_0606_0606_0606) & HIGH != ZEROS {
+        return None;
+    }
+    let d = x - ZEROS;
+    let d = (d.wrapping_mul(10) + (d >> 8)) & 0x00FF_00FF_00FF_00FF;
+    let d = (d.wrapping_mul(100) + (d >> 16)) & 0x0000_FFFF_0000_FFFF;
+    Some((d.wrapping_mul(10_000) + (d >> 32)) & 0xFFFF_FFFF)
+}
+
 fn digits_after(b: &[u8], start: usize) -> Result<usize, DecodeError> {
     let mut i = start;
     while i < b.len() && b[i].is_ascii_digit() {
@@ -302,7 +323,9 @@ fn literal<'a>(
     }
 }
 
-#[inline]
+// Inlined into the scan: returned through memory, its result cost a store-forwarding
+// stall per field (a quarter of the scan's time).
+#[inline(always)]
 fn scalar(b: &[u8], i: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
     match b.get(i) {
         Some(b'"') => {
@@ -456,6 +479,30 @@ mod tests {
         // A match byte just below a non-match byte that would borrow.
         assert_eq!(find_quote_or_backslash(b"\x01\"zzzzzzzzz", 0), 1);
         assert_eq!(find_quote_or_backslash(b"abc\xa2\x22xxxxxx", 0), 4);
+    }
+
+    #[test]
+    fn integers_of_every_length_read_as_the_standard_parser_reads_them() {
+        let p = Projection::new(&["n"]);
+        let mut digits = String::new();
+        for (i, d) in "1234567890987654321".chars().chain("0".chars()).enumerate() {
+            digits.push(d);
+            for sign in ["", "-"] {
+                let text = format!("{sign}{digits}");
+                let rec = format!("{{\"n\": {text}, \"x\": 1}}");
+                let got = scan(&p, &rec).unwrap();
+                match text.parse::<i64>() {
+                    Ok(v) => assert_eq!(got[0], Some(Scalar::Int(v)), "{text} ({} digits)", i + 1),
+                    Err(_) => assert_eq!(got[0], Some(Scalar::Number(text.as_bytes())), "{text}"),
+                }
+            }
+        }
+        // A digit run broken by another byte inside an eight-byte word.
+        for bad in ["{\"n\": 1234:678}", "{\"n\": 12345678a}", "{\"n\": 0123456789}"] {
+            assert!(scan(&p, bad).is_err(), "{bad}");
+        }
+        let got = scan(&p, "{\"n\": 1234567.5}").unwrap();
+        assert_eq!(got[0], Some(Scalar::Number(b"1234567.5")));
     }
 
     #[test]

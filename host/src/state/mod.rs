@@ -83,6 +83,13 @@ impl KeyTable {
         id
     }
 
+    /// Room for `n` more keys.
+    pub fn reserve(&mut self, n: usize) {
+        let (arena, spans, hasher) = (&self.arena, &self.spans, &self.hasher);
+        self.index.reserve(n, |&i| hasher.hash_one(key_in(arena, spans, i)));
+        self.spans.reserve(n);
+    }
+
     /// Forget a key; its id may be given to another key.
     pub fn remove(&mut self, id: u32) {
         let key = key_in(&self.arena, &self.spans, id);
@@ -334,6 +341,16 @@ impl WindowState {
                 v.insert(Slot { window, acc: Acc::new() });
             }
         }
+        self.count_slot(key);
+        if let Some(d) = &mut self.dirty {
+            d.insert((key, id));
+        }
+        true
+    }
+
+    /// One more open slot for `key`.
+    #[inline]
+    fn count_slot(&mut self, key: u32) {
         let k = key as usize;
         if k >= self.per_key.len() {
             self.per_key.resize(k + 1, 0);
@@ -342,10 +359,32 @@ impl WindowState {
             self.keys_in_use += 1;
         }
         self.per_key[k] += 1;
+    }
+
+    /// Room for `n` more slots.
+    pub fn reserve(&mut self, n: usize) {
+        self.slots.reserve(n);
+    }
+
+    /// Open a slot with its accumulator (a restore): [`Self::open`], then
+    /// [`Self::set_acc`], in one lookup.
+    pub fn open_with(&mut self, key: u32, id: i64, window: Window, acc: &[u8]) {
+        match self.slots.entry((key, id)) {
+            Entry::Occupied(mut o) => {
+                let slot = o.get_mut();
+                self.acc_bytes = self.acc_bytes + acc.len() - slot.acc.len();
+                slot.acc.clear();
+                slot.acc.extend_from_slice(acc);
+            }
+            Entry::Vacant(v) => {
+                v.insert(Slot { window, acc: Acc::from_slice(acc) });
+                self.acc_bytes += acc.len();
+                self.count_slot(key);
+            }
+        }
         if let Some(d) = &mut self.dirty {
             d.insert((key, id));
         }
-        true
     }
 
     /// Replace an open slot's accumulator.

@@ -1221,10 +1221,11 @@ impl WindowOperator {
     /// since contract 0.2); an older one may hold an accumulator and later rows of the
     /// same slot, and both are kept.
     pub fn restore(&mut self, snap: &Snapshot, wm: i64, rows_cover_slots: bool) -> Result<()> {
+        self.state.reserve(snap.slots.len());
+        self.keys.reserve(snap.slots.len());
         for s in &snap.slots {
             let k = self.keys.intern(&s.key);
-            self.state.open(k, s.id, s.window);
-            self.state.set_acc(k, s.id, &s.acc);
+            self.state.open_with(k, s.id, s.window, &s.acc);
             let armed = self.schedule(k, s.id, s.window, wm);
             if matches!(self.assigner, Assigner::Session { .. }) {
                 self.sessions.entry(k).or_default().push(SessionRef { id: s.id, armed });

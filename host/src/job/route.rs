@@ -480,7 +480,8 @@ impl Job {
             let Some(i) = meta.operators.iter().position(|o| o.id == op.name()) else {
                 return Err(refuse(format!("holds no state for aggregation {:?}", op.name())));
             };
-            let (saved, mut snap) = (&meta.operators[i], sp.snapshots[i].clone());
+            // Copied only to be migrated.
+            let (saved, mut snap) = (&meta.operators[i], std::borrow::Cow::Borrowed(&sp.snapshots[i]));
             let (old, new) = (&saved.plugin, op.identity().clone());
             if old.name != new.name {
                 return Err(refuse(format!(
@@ -505,7 +506,7 @@ impl Job {
             }
             let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
             if deploying && old.state_schema != new.state_schema {
-                op.migrate(old.state_schema, &mut snap).map_err(|e| {
+                op.migrate(old.state_schema, snap.to_mut()).map_err(|e| {
                     Error::Deploy(format!(
                         "{} {} (state schema {}) cannot take the savepoint's state (schema {}): {e}",
                         new.name, new.version, new.state_schema, old.state_schema

@@ -506,6 +506,24 @@ mod tests {
     }
 
     #[test]
+    fn every_number_the_scan_yields_parses_as_a_float() {
+        // The window operator relies on it: a float field is not parsed to be checked.
+        let p = Projection::new(&["n"]);
+        for text in
+            ["-0", "0.5", "-12.25e-3", "1E+2", "1e999", "-1e-999", "123456789012345678901234567890", "0e0"]
+        {
+            let rec = format!("{{\"n\": {text}}}");
+            let got = scan(&p, &rec).unwrap();
+            let raw = match got[0] {
+                Some(Scalar::Number(raw)) => raw,
+                Some(Scalar::Int(_)) => continue,
+                other => panic!("{text}: {other:?}"),
+            };
+            assert!(std::str::from_utf8(raw).unwrap().parse::<f64>().is_ok(), "{text}");
+        }
+    }
+
+    #[test]
     fn numbers_that_are_not_integers() {
         let p = Projection::new(&["t"]);
         for (rec, want) in [

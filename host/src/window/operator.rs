@@ -972,21 +972,24 @@ impl WindowOperator {
                 .filter_map(|&(k, id)| self.state.slot(k, id).map(|s| (k, s.window, s.acc.clone())))
                 .collect(),
         };
-        // By window, then key. (A window is one key's slot: no two are equal, so an
-        // unstable sort gives the same order.)
+        // By window, then key. A timer may have been set twice (a slot dropped and opened
+        // again before its timer came due): the window fires once, with its accumulator (a
+        // closing slot taken a second time gives an empty one, sorted after it). Windows
+        // that sort equal are then the same, so an unstable sort gives the same order.
         match self.keys.ranks(windows.len()) {
-            Some(rank) => windows.sort_unstable_by_key(|w| (w.1.end, w.1.start, rank[w.0 as usize])),
+            Some(rank) => {
+                windows.sort_unstable_by_key(|w| (w.1.end, w.1.start, rank[w.0 as usize], w.2.is_empty()))
+            }
             None => {
                 let keys = &self.keys;
                 windows.sort_unstable_by(|a, b| {
                     (a.1.end, a.1.start)
                         .cmp(&(b.1.end, b.1.start))
                         .then_with(|| keys.raw_fields(a.0).cmp(keys.raw_fields(b.0)))
+                        .then_with(|| a.2.is_empty().cmp(&b.2.is_empty()))
                 });
             }
         }
-        // A timer may have been set twice (a slot dropped and opened again before its
-        // timer came due): a window fires once.
         windows.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         for chunk in windows.chunks(self.batch_size) {
             fill_groups(

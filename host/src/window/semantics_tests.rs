@@ -1,8 +1,8 @@
 //! Window semantics with a native aggregator, without WebAssembly: which events each
 //! window holds and, for ordered logic, in which order. The double [`Times`] keeps the
 //! event times it is given in the order it folds them (a merge appends the later slot's);
-//! a window's result is that list. Every expected list is worked out by hand from the
-//! window definitions in `window/mod.rs`.
+//! a window's result is that list; it faults on an event at time [`FAULTY`]. Every
+//! expected list is worked out by hand from the window definitions in `window/mod.rs`.
 
 use super::aggregator::Aggregator;
 use super::operator::{Verdict, WindowOperator};
@@ -10,6 +10,9 @@ use crate::pipeline::{WindowKind, WindowSpec};
 use crate::plugin::{Emitted, Events, Groups, Packed, PluginIdentity, PluginInfo};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
+
+/// An event at this time makes the double's `add` fail (a plugin fault).
+const FAULTY: i64 = 13;
 
 struct Times {
     info: PluginInfo,
@@ -53,6 +56,13 @@ impl Aggregator for Times {
     }
 
     fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
+        if events.event_time.contains(&FAULTY) {
+            return Err(Error::PluginCall {
+                plugin: "times".into(),
+                call: "add",
+                message: "faulty event".into(),
+            });
+        }
         let mut out = crate::plugin::empty_packed();
         let mut start = 0;
         for (g, &end) in events.group_ends.iter().enumerate() {
@@ -88,7 +98,7 @@ impl Aggregator for Times {
     }
 
     fn reset(&mut self) -> Result<()> {
-        Err(Error::Usage("the native double never faults".into()))
+        Ok(())
     }
 }
 
@@ -223,4 +233,29 @@ fn idle_keys_are_forgotten_and_every_window_keeps_its_events() {
     }
     assert!(op.interned_keys() <= 8192, "{} keys interned", op.interned_keys());
     assert_eq!(op.keys(), 0);
+}
+
+#[test]
+fn a_slot_dropped_for_a_fault_and_opened_again_fires_once_with_its_events() {
+    // Batches of one event. 13 faults: [10,15) had nothing else, so it is dropped, but its
+    // timer stays; 12 opens it again and sets the same timer. At the end [10,15) fires
+    // once, with 12; [0,5) with 1.
+    let spec = WindowSpec { kind: WindowKind::Tumbling { size_ms: 5 }, allowed_lateness_ms: 0 };
+    let mut op = WindowOperator::new("w", false, &spec, times(false), 1, 1, Vec::new());
+    let mut key = Vec::new();
+    crate::state::push_key_field(&mut key, b"k");
+    let mut out = Vec::new();
+    for t in [1, 13, 12] {
+        op.on_event(&key, t, NONE, &[], &mut out).unwrap();
+    }
+    assert_eq!(op.take_rejected().iter().map(|r| r.event_times.clone()).collect::<Vec<_>>(), [vec![13]]);
+    op.drain(&mut out).unwrap();
+    let got: Vec<(String, String)> = out.into_iter().map(|e| (e.key, e.value.unwrap_or_default())).collect();
+    assert_eq!(
+        got,
+        [
+            ("0|k".to_string(), r#"{"times":[1]}"#.to_string()),
+            ("10|k".to_string(), r#"{"times":[12]}"#.to_string())
+        ]
+    );
 }

@@ -20,7 +20,7 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// index holds only ids, hashed by their key.
 #[derive(Default)]
 pub struct KeyTable {
-    index: hashbrown::HashTable<u32>,
+    index: hashbrown::HashTable<Interned>,
     hasher: foldhash::fast::RandomState,
     /// The keys' bytes; removed keys leave holes until the next compaction.
     arena: Vec<u8>,
@@ -35,6 +35,22 @@ pub struct KeyTable {
     /// `ranked`: no key was interned since it was computed.
     rank: Vec<u32>,
     ranked: bool,
+}
+
+/// An index entry: the id and where its key lies, so that a lookup compares the key
+/// without a detour through `spans` (one cache miss fewer per record with many keys).
+#[derive(Clone, Copy)]
+struct Interned {
+    id: u32,
+    len: u32,
+    start: usize,
+}
+
+impl Interned {
+    #[inline]
+    fn key<'a>(&self, arena: &'a [u8]) -> &'a [u8] {
+        &arena[self.start..self.start + self.len as usize]
+    }
 }
 
 /// Key `id` of an arena.
@@ -58,7 +74,9 @@ impl KeyTable {
     #[inline]
     pub fn get(&self, encoded: &[u8]) -> Option<u32> {
         let hash = self.hasher.hash_one(encoded);
-        self.index.find(hash, |&id| key_in(&self.arena, &self.spans, id) == encoded).copied()
+        self.index
+            .find(hash, |e| e.len as usize == encoded.len() && e.key(&self.arena) == encoded)
+            .map(|e| e.id)
     }
 
     /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
@@ -78,15 +96,16 @@ impl KeyTable {
             }
         };
         let hash = self.hasher.hash_one(encoded);
-        let (arena, spans, hasher) = (&self.arena, &self.spans, &self.hasher);
-        self.index.insert_unique(hash, id, |&i| hasher.hash_one(key_in(arena, spans, i)));
+        let (arena, hasher) = (&self.arena, &self.hasher);
+        let entry = Interned { id, len: span.1, start: span.0 };
+        self.index.insert_unique(hash, entry, |e| hasher.hash_one(e.key(arena)));
         id
     }
 
     /// Room for `n` more keys.
     pub fn reserve(&mut self, n: usize) {
-        let (arena, spans, hasher) = (&self.arena, &self.spans, &self.hasher);
-        self.index.reserve(n, |&i| hasher.hash_one(key_in(arena, spans, i)));
+        let (arena, hasher) = (&self.arena, &self.hasher);
+        self.index.reserve(n, |e| hasher.hash_one(e.key(arena)));
         self.spans.reserve(n);
     }
 
@@ -94,7 +113,7 @@ impl KeyTable {
     pub fn remove(&mut self, id: u32) {
         let key = key_in(&self.arena, &self.spans, id);
         let hash = self.hasher.hash_one(key);
-        let Ok(entry) = self.index.find_entry(hash, |&i| i == id) else { return };
+        let Ok(entry) = self.index.find_entry(hash, |e| e.id == id) else { return };
         entry.remove();
         let len = key.len();
         self.bytes -= len;
@@ -115,13 +134,16 @@ impl KeyTable {
             *span = (arena.len(), len);
             arena.extend_from_slice(&self.arena[start..start + len as usize]);
         }
+        for e in self.index.iter_mut() {
+            e.start = self.spans[e.id as usize].0;
+        }
         self.arena = arena;
         self.holes = 0;
     }
 
     /// Every live key id.
     pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.index.iter().copied()
+        self.index.iter().map(|e| e.id)
     }
 
     #[inline]

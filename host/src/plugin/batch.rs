@@ -10,7 +10,7 @@
 //! accumulator with all its rows in order.
 
 use super::{empty_packed, packed_clear, packed_push, Column, Events, FieldType, Groups, Packed};
-use crate::state::{KeyTable, WindowState};
+use crate::state::{KeyTable, SlotHandle, WindowState, NO_SLOT};
 use crate::window::Window;
 use std::collections::HashMap;
 
@@ -72,6 +72,8 @@ pub struct Batch {
     index: FastMap<(u32, i64), u32>,
     /// (key, slot id) of every group, in first-seen order.
     group_list: Vec<(u32, i64)>,
+    /// The state's handle of every group's slot, when known.
+    group_slot: Vec<SlotHandle>,
     /// A group relabelled into another (merged sessions) points at it.
     alias: Vec<u32>,
     row_group: Vec<u32>,
@@ -80,6 +82,8 @@ pub struct Batch {
     // Reused between calls.
     counts: Vec<u32>,
     order: Vec<u32>,
+    /// Slot handles of the last assembled call's groups, in call order.
+    pub(crate) call_slots: Vec<SlotHandle>,
     pub(crate) groups: Groups,
     pub(crate) events: Events,
 }
@@ -101,12 +105,14 @@ impl Batch {
             ordered,
             index: FastMap::default(),
             group_list: Vec::new(),
+            group_slot: Vec::new(),
             alias: Vec::new(),
             row_group: Vec::new(),
             row_time: Vec::new(),
             staged: fields.iter().map(|&t| Staged::new(t)).collect(),
             counts: Vec::new(),
             order: Vec::new(),
+            call_slots: Vec::new(),
             groups: empty_groups(key_arity as u32),
             events: Events { group_ends: Vec::new(), event_time: Vec::new(), columns },
         }
@@ -147,11 +153,20 @@ impl Batch {
         let new = g == next;
         if new {
             self.group_list.push((key, id));
+            self.group_slot.push(NO_SLOT);
             self.alias.push(NO_ALIAS);
         }
         self.row_group.push(g);
         self.row_time.push(time);
         new
+    }
+
+    /// The state's handle of the slot of the group [`Self::push_row`] just started.
+    #[inline]
+    pub fn set_new_group_slot(&mut self, h: SlotHandle) {
+        if let Some(last) = self.group_slot.last_mut() {
+            *last = h;
+        }
     }
 
     #[inline]
@@ -204,6 +219,7 @@ impl Batch {
             None => {
                 self.index.insert((key, to), g_from);
                 self.group_list[g_from as usize] = (key, to);
+                self.group_slot[g_from as usize] = NO_SLOT;
             }
         }
     }
@@ -242,7 +258,7 @@ impl Batch {
         let canon: Vec<u32> = (0..n_groups as u32).map(|g| self.canonical(g)).collect();
         let window_of = |g: usize| -> Window {
             let (k, id) = self.group_list[g];
-            state.slot(k, id).map_or(Window { start: id, end: i64::MAX }, |s| s.window)
+            state.slot_at(self.group_slot[g], k, id).map_or(Window { start: id, end: i64::MAX }, |s| s.window)
         };
         let take: Vec<bool> = (0..n_groups)
             .map(|g| canon[g] as usize == g && ready.is_none_or(|wm| window_of(g).end <= wm))
@@ -250,10 +266,12 @@ impl Batch {
         // Dense call index of every taken canonical group.
         let mut call_index = vec![u32::MAX; n_groups];
         let mut call_groups = Vec::new();
+        self.call_slots.clear();
         for g in 0..n_groups {
             if take[g] {
                 call_index[g] = call_groups.len() as u32;
                 call_groups.push(self.group_list[g]);
+                self.call_slots.push(self.group_slot[g]);
             }
         }
         if call_groups.is_empty() {
@@ -327,8 +345,8 @@ impl Batch {
         fill_groups(
             &mut self.groups,
             keys,
-            call_groups.iter().map(|&(k, id)| {
-                let slot = state.slot(k, id);
+            call_groups.iter().zip(&self.call_slots).map(|(&(k, id), &h)| {
+                let slot = state.slot_at(h, k, id);
                 (
                     k,
                     slot.map_or(Window { start: id, end: id }, |s| s.window),
@@ -345,6 +363,7 @@ impl Batch {
     fn restage(&mut self, kept: &[usize], canon: &[u32]) {
         // New group numbers, in first-seen order of the kept rows.
         let old_groups = std::mem::take(&mut self.group_list);
+        let old_slots = std::mem::take(&mut self.group_slot);
         self.index.clear();
         self.alias.clear();
         let mut renumber = vec![u32::MAX; old_groups.len()];
@@ -355,6 +374,7 @@ impl Batch {
                 let (key, id) = old_groups[g];
                 self.index.insert((key, id), renumber[g]);
                 self.group_list.push((key, id));
+                self.group_slot.push(old_slots[g]);
                 self.alias.push(NO_ALIAS);
             }
             self.row_group[dst] = renumber[g];

@@ -8,11 +8,8 @@ pub mod captured;
 pub mod rocks;
 
 use crate::window::Window;
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::hash::BuildHasher;
-
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Dense ids for key tuples. A key is stored encoded: each field as a little-endian u32
 /// length followed by its UTF-8 bytes. Keys lie one after another in one buffer, so a
@@ -324,11 +321,32 @@ struct Due {
     cleanup: Vec<(u32, i64)>,
 }
 
+/// A slot's place in the state, for repeated access without a lookup (see
+/// [`WindowState::slot_at`]); [`NO_SLOT`] when unknown.
+pub type SlotHandle = u32;
+pub const NO_SLOT: SlotHandle = u32::MAX;
+
+/// A slot with its (key, id); vacant ones wait in the free list.
+struct Entry {
+    key: u32,
+    live: bool,
+    id: i64,
+    slot: Slot,
+}
+
 /// Accumulators by (key id, slot id), and the timers that fire and clean them up. The
 /// slot id is the window start (tumbling), the pane start (sliding) or a session number.
+///
+/// Slots lie in a slab; the index holds only their positions, hashed by (key, id). A
+/// window's slot is found once when it opens, and then reached by its handle when its
+/// events are handed to the plugin and its accumulator is stored: with many keys each
+/// lookup is a cache miss or two.
 #[derive(Default)]
 pub struct WindowState {
-    slots: FastMap<(u32, i64), Slot>,
+    index: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
+    slab: Vec<Entry>,
+    vacant: Vec<u32>,
     /// Pending timers by time: many windows end at the same time, so a timer costs a
     /// push (no ordered set of every timer). The same timer may be pending twice.
     timers: BTreeMap<i64, Due>,
@@ -343,31 +361,79 @@ pub struct WindowState {
 }
 
 impl WindowState {
+    /// The handle of an open slot.
+    #[inline]
+    pub fn handle(&self, key: u32, id: i64) -> Option<SlotHandle> {
+        let hash = self.hasher.hash_one((key, id));
+        let slab = &self.slab;
+        self.index
+            .find(hash, |&h| {
+                let e = &slab[h as usize];
+                e.key == key && e.id == id
+            })
+            .copied()
+    }
+
     #[inline]
     pub fn slot(&self, key: u32, id: i64) -> Option<&Slot> {
-        self.slots.get(&(key, id))
+        self.handle(key, id).map(|h| &self.slab[h as usize].slot)
+    }
+
+    /// Slot `(key, id)` through its handle `h`, when `h` still holds it; else looked up.
+    #[inline]
+    pub fn slot_at(&self, h: SlotHandle, key: u32, id: i64) -> Option<&Slot> {
+        match self.slab.get(h as usize) {
+            Some(e) if e.live && e.key == key && e.id == id => Some(&e.slot),
+            _ => self.slot(key, id),
+        }
     }
 
     /// The accumulator of a slot (empty = fresh or absent).
     #[inline]
     pub fn acc(&self, key: u32, id: i64) -> &[u8] {
-        self.slots.get(&(key, id)).map_or(&[], |s| s.acc.as_slice())
+        self.slot(key, id).map_or(&[], |s| s.acc.as_slice())
     }
 
     /// Open a slot if absent; true when it was created.
     #[inline]
     pub fn open(&mut self, key: u32, id: i64, window: Window) -> bool {
-        match self.slots.entry((key, id)) {
-            Entry::Occupied(_) => return false,
-            Entry::Vacant(v) => {
-                v.insert(Slot { window, acc: Acc::new() });
-            }
+        self.open_at(key, id, window).1
+    }
+
+    /// Open a slot if absent: its handle, and whether it was created.
+    #[inline]
+    pub fn open_at(&mut self, key: u32, id: i64, window: Window) -> (SlotHandle, bool) {
+        if let Some(h) = self.handle(key, id) {
+            return (h, false);
         }
+        let h = self.insert(key, id, Slot { window, acc: Acc::new() });
+        (h, true)
+    }
+
+    /// Add a slot known to be absent.
+    fn insert(&mut self, key: u32, id: i64, slot: Slot) -> SlotHandle {
+        let entry = Entry { key, live: true, id, slot };
+        let h = match self.vacant.pop() {
+            Some(h) => {
+                self.slab[h as usize] = entry;
+                h
+            }
+            None => {
+                self.slab.push(entry);
+                self.slab.len() as u32 - 1
+            }
+        };
+        let hash = self.hasher.hash_one((key, id));
+        let (slab, hasher) = (&self.slab, &self.hasher);
+        self.index.insert_unique(hash, h, |&i| {
+            let e = &slab[i as usize];
+            hasher.hash_one((e.key, e.id))
+        });
         self.count_slot(key);
         if let Some(d) = &mut self.dirty {
             d.insert((key, id));
         }
-        true
+        h
     }
 
     /// One more open slot for `key`.
@@ -385,40 +451,51 @@ impl WindowState {
 
     /// Room for `n` more slots.
     pub fn reserve(&mut self, n: usize) {
-        self.slots.reserve(n);
+        let (slab, hasher) = (&self.slab, &self.hasher);
+        self.index.reserve(n, |&i| {
+            let e = &slab[i as usize];
+            hasher.hash_one((e.key, e.id))
+        });
+        self.slab.reserve(n.saturating_sub(self.vacant.len()));
     }
 
     /// Open a slot with its accumulator (a restore): [`Self::open`], then
     /// [`Self::set_acc`], in one lookup.
     pub fn open_with(&mut self, key: u32, id: i64, window: Window, acc: &[u8]) {
-        match self.slots.entry((key, id)) {
-            Entry::Occupied(mut o) => {
-                let slot = o.get_mut();
-                self.acc_bytes = self.acc_bytes + acc.len() - slot.acc.len();
-                slot.acc.clear();
-                slot.acc.extend_from_slice(acc);
-            }
-            Entry::Vacant(v) => {
-                v.insert(Slot { window, acc: Acc::from_slice(acc) });
+        match self.handle(key, id) {
+            Some(h) => self.write_acc(h, acc),
+            None => {
+                self.insert(key, id, Slot { window, acc: Acc::from_slice(acc) });
                 self.acc_bytes += acc.len();
-                self.count_slot(key);
             }
-        }
-        if let Some(d) = &mut self.dirty {
-            d.insert((key, id));
         }
     }
 
     /// Replace an open slot's accumulator.
     #[inline]
     pub fn set_acc(&mut self, key: u32, id: i64, acc: &[u8]) {
-        if let Some(slot) = self.slots.get_mut(&(key, id)) {
-            self.acc_bytes = self.acc_bytes + acc.len() - slot.acc.len();
-            slot.acc.clear();
-            slot.acc.extend_from_slice(acc);
-            if let Some(d) = &mut self.dirty {
-                d.insert((key, id));
-            }
+        if let Some(h) = self.handle(key, id) {
+            self.write_acc(h, acc);
+        }
+    }
+
+    /// [`Self::set_acc`] through the slot's handle (see [`Self::slot_at`]).
+    #[inline]
+    pub fn set_acc_at(&mut self, h: SlotHandle, key: u32, id: i64, acc: &[u8]) {
+        match self.slab.get(h as usize) {
+            Some(e) if e.live && e.key == key && e.id == id => self.write_acc(h, acc),
+            _ => self.set_acc(key, id, acc),
+        }
+    }
+
+    #[inline]
+    fn write_acc(&mut self, h: SlotHandle, acc: &[u8]) {
+        let e = &mut self.slab[h as usize];
+        self.acc_bytes = self.acc_bytes + acc.len() - e.slot.acc.len();
+        e.slot.acc.clear();
+        e.slot.acc.extend_from_slice(acc);
+        if let Some(d) = &mut self.dirty {
+            d.insert((e.key, e.id));
         }
     }
 
@@ -426,13 +503,13 @@ impl WindowState {
     /// (the state unchanged since that iteration).
     pub fn replace_accs<'a>(&mut self, mut next: impl FnMut() -> &'a [u8]) {
         self.acc_bytes = 0;
-        for slot in self.slots.values_mut() {
-            slot.acc.clear();
-            slot.acc.extend_from_slice(next());
-            self.acc_bytes += slot.acc.len();
-        }
-        if let Some(d) = &mut self.dirty {
-            d.extend(self.slots.keys().copied());
+        for e in self.slab.iter_mut().filter(|e| e.live) {
+            e.slot.acc.clear();
+            e.slot.acc.extend_from_slice(next());
+            self.acc_bytes += e.slot.acc.len();
+            if let Some(d) = &mut self.dirty {
+                d.insert((e.key, e.id));
+            }
         }
     }
 
@@ -443,8 +520,8 @@ impl WindowState {
 
     /// Change an open slot's window (a session that grew).
     pub fn set_window(&mut self, key: u32, id: i64, window: Window) {
-        if let Some(slot) = self.slots.get_mut(&(key, id)) {
-            slot.window = window;
+        if let Some(h) = self.handle(key, id) {
+            self.slab[h as usize].slot.window = window;
             if let Some(d) = &mut self.dirty {
                 d.insert((key, id));
             }
@@ -453,7 +530,19 @@ impl WindowState {
 
     /// Remove a slot; returns it and whether its key has no slots left.
     pub fn remove(&mut self, key: u32, id: i64) -> Option<(Slot, bool)> {
-        let slot = self.slots.remove(&(key, id))?;
+        let hash = self.hasher.hash_one((key, id));
+        let slab = &self.slab;
+        let found = self.index.find_entry(hash, |&h| {
+            let e = &slab[h as usize];
+            e.key == key && e.id == id
+        });
+        let Ok(found) = found else { return None };
+        let (h, _) = found.remove();
+        let e = &mut self.slab[h as usize];
+        e.live = false;
+        let empty = Slot { window: e.slot.window, acc: Acc::new() };
+        let slot = std::mem::replace(&mut e.slot, empty);
+        self.vacant.push(h);
         self.acc_bytes -= slot.acc.len();
         if let Some(d) = &mut self.dirty {
             d.remove(&(key, id));
@@ -465,13 +554,6 @@ impl WindowState {
             self.keys_in_use -= 1;
         }
         Some((slot, last))
-    }
-
-    /// Take a slot's accumulator out, leaving it empty (the slot is about to be removed).
-    pub fn take_acc(&mut self, key: u32, id: i64) -> Option<(Window, Acc)> {
-        let slot = self.slots.get_mut(&(key, id))?;
-        self.acc_bytes -= slot.acc.len();
-        Some((slot.window, std::mem::take(&mut slot.acc)))
     }
 
     /// Whether a key has open slots.
@@ -519,11 +601,11 @@ impl WindowState {
 
     /// Open slots.
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.index.is_empty()
     }
 
     /// Keys with at least one open slot.
@@ -533,12 +615,12 @@ impl WindowState {
 
     /// Every slot, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u32, i64, &Slot)> {
-        self.slots.iter().map(|(&(k, id), s)| (k, id, s))
+        self.slab.iter().filter(|e| e.live).map(|e| (e.key, e.id, &e.slot))
     }
 
     /// Start tracking written slots; every slot open now counts as written.
     pub fn track(&mut self) {
-        self.dirty = Some(self.slots.keys().copied().collect());
+        self.dirty = Some(self.iter().map(|(k, id, _)| (k, id)).collect());
     }
 
     /// The slots written since the last call (when tracking).

@@ -18,7 +18,7 @@ use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, Row, Val
 use crate::plugin::{packed_item, FieldType, Groups, OnError, Packed, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
-use crate::state::{Acc, KeyTable, Timer, TimerKind, WindowState};
+use crate::state::{Acc, KeyTable, Slot, Timer, TimerKind, WindowState};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -403,8 +403,12 @@ impl WindowOperator {
             self.reopen(k, slot.start);
         }
         // A group already staged in this batch has its slot open.
-        if self.batch.push_row(k, slot.start, t) && self.state.open(k, slot.start, slot) {
-            self.schedule(k, slot.start, slot, wm);
+        if self.batch.push_row(k, slot.start, t) {
+            let (h, created) = self.state.open_at(k, slot.start, slot);
+            self.batch.set_new_group_slot(h);
+            if created {
+                self.schedule(k, slot.start, slot, wm);
+            }
         }
         self.stage_columns(slots);
         self.counters.accepted += 1;
@@ -593,15 +597,15 @@ impl WindowOperator {
     /// Remove a slot and what refers to it (its session entry). A timer still pending for
     /// it finds nothing, or (a key forgotten and another interned under the same id) a
     /// slot that would have set the same timer.
-    fn drop_slot(&mut self, key: u32, id: i64) {
-        if self.remove_slot(key, id).is_some() {
-            if let Some(list) = self.sessions.get_mut(&key) {
-                list.retain(|r| r.id != id);
-                if list.is_empty() {
-                    self.sessions.remove(&key);
-                }
+    fn drop_slot(&mut self, key: u32, id: i64) -> Option<Slot> {
+        let (slot, _) = self.remove_slot(key, id)?;
+        if let Some(list) = self.sessions.get_mut(&key) {
+            list.retain(|r| r.id != id);
+            if list.is_empty() {
+                self.sessions.remove(&key);
             }
         }
+        Some(slot)
     }
 
     /// A key stays interned between its windows, so that its next event finds it. Once
@@ -627,17 +631,17 @@ impl WindowOperator {
         self.sweep_at = (2 * self.keys.len()).max(IDLE_KEYS_KEPT);
     }
 
-    /// Remove a slot, noting it for the incremental backend; returns whether it was the
-    /// key's last.
-    fn remove_slot(&mut self, key: u32, id: i64) -> Option<bool> {
-        let (_, last) = self.state.remove(key, id)?;
+    /// Remove a slot, noting it for the incremental backend; returns it and whether it
+    /// was the key's last.
+    fn remove_slot(&mut self, key: u32, id: i64) -> Option<(Slot, bool)> {
+        let (slot, last) = self.state.remove(key, id)?;
         if !self.held.is_empty() {
             self.held.remove(&(key, id));
         }
         if let Some(r) = &mut self.removed {
             r.push((self.keys.encoded(key).to_vec(), id));
         }
-        Some(last)
+        Some((slot, last))
     }
 
     /// Keep track of what changes, for a backend that writes only the changes at each
@@ -788,7 +792,7 @@ impl WindowOperator {
         };
         for (i, &(key, id)) in groups.iter().enumerate() {
             self.hold(i, key, id);
-            self.state.set_acc(key, id, packed_item(&accs, i));
+            self.state.set_acc_at(self.batch.call_slots[i], key, id, packed_item(&accs, i));
         }
         Ok(())
     }
@@ -938,10 +942,8 @@ impl WindowOperator {
             fires.sort_unstable();
             fires.dedup();
         }
+        // Fires that close their slots removed them.
         self.emit(&fires, out, self.fire_cleans_up())?;
-        if self.fire_cleans_up() {
-            cleanups.extend_from_slice(&fires);
-        }
         for (key, id) in cleanups {
             self.drop_slot(key, id);
         }
@@ -952,7 +954,7 @@ impl WindowOperator {
 
     /// Compute and write the results of windows: `(key, id)` is a slot for tumbling and
     /// session windows, `(key, end)` for sliding windows (merged from their panes).
-    /// `closing`: the slots are removed next, so their accumulators are taken, not copied.
+    /// `closing`: the windows' slots end with them: removed, their accumulators taken.
     fn emit(&mut self, fires: &[(u32, i64)], out: &mut Vec<Emitted>, closing: bool) -> Result<()> {
         if !self.doomed.is_empty() {
             self.drop_doomed();
@@ -965,7 +967,7 @@ impl WindowOperator {
             Assigner::Sliding { size, slide } => self.merge_panes(fires, size, slide)?,
             _ if closing => fires
                 .iter()
-                .filter_map(|&(k, id)| self.state.take_acc(k, id).map(|(w, a)| (k, w, a)))
+                .filter_map(|&(k, id)| self.drop_slot(k, id).map(|s| (k, s.window, s.acc)))
                 .collect(),
             _ => fires
                 .iter()
@@ -973,20 +975,18 @@ impl WindowOperator {
                 .collect(),
         };
         // By window, then key. A timer may have been set twice (a slot dropped and opened
-        // again before its timer came due): the window fires once, with its accumulator (a
-        // closing slot taken a second time gives an empty one, sorted after it). Windows
-        // that sort equal are then the same, so an unstable sort gives the same order.
+        // again before its timer came due): the window fires once. A closing slot is
+        // removed by its first fire (the second finds nothing); a slot that stays gives
+        // both the same accumulator. Windows that sort equal are then the same, so an
+        // unstable sort gives the same order.
         match self.keys.ranks(windows.len()) {
-            Some(rank) => {
-                windows.sort_unstable_by_key(|w| (w.1.end, w.1.start, rank[w.0 as usize], w.2.is_empty()))
-            }
+            Some(rank) => windows.sort_unstable_by_key(|w| (w.1.end, w.1.start, rank[w.0 as usize])),
             None => {
                 let keys = &self.keys;
                 windows.sort_unstable_by(|a, b| {
                     (a.1.end, a.1.start)
                         .cmp(&(b.1.end, b.1.start))
                         .then_with(|| keys.raw_fields(a.0).cmp(keys.raw_fields(b.0)))
-                        .then_with(|| a.2.is_empty().cmp(&b.2.is_empty()))
                 });
             }
         }

@@ -66,6 +66,30 @@ pub struct Row {
     pub values: Vec<Value>,
 }
 
+/// The rows of one slot handed over to an ordered plugin, kept until the slot ends: their
+/// event times, and their values row after row (two allocations, not one per row).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SlotRows {
+    times: Vec<i64>,
+    values: Vec<Value>,
+}
+
+impl SlotRows {
+    pub fn len(&self) -> usize {
+        self.times.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.times.is_empty()
+    }
+
+    /// Every row's event time and values, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (i64, &[Value])> {
+        let width = if self.times.is_empty() { 0 } else { self.values.len() / self.times.len() };
+        self.times.iter().enumerate().map(move |(r, &t)| (t, &self.values[r * width..(r + 1) * width]))
+    }
+}
+
 /// Rows waiting for the next `add` call, and the reusable buffers of that call.
 pub struct Batch {
     ordered: bool,
@@ -200,8 +224,13 @@ impl Batch {
 
     /// Stage a row taken out of a batch earlier.
     pub fn push(&mut self, row: &Row) {
-        self.push_row(row.key, row.id, row.time);
-        for (c, v) in row.values.iter().enumerate() {
+        self.push_values(row.key, row.id, row.time, &row.values);
+    }
+
+    /// Stage a row of slot `(key, id)` from its values.
+    pub fn push_values(&mut self, key: u32, id: i64, time: i64, values: &[Value]) {
+        self.push_row(key, id, time);
+        for (c, v) in values.iter().enumerate() {
             match v {
                 Value::Int(x) => self.push_int(c, *x),
                 Value::Float(x) => self.push_float(c, *x),
@@ -417,30 +446,26 @@ fn compact<T: Copy>(v: &mut Vec<T>, kept: &[usize]) {
 
 impl Batch {
     /// The rows of the last assembled call's group `i` (in call order: event-time order
-    /// for ordered plugins), as the `(key, id)` slot's rows.
-    pub fn call_rows(&self, i: usize, key: u32, id: i64) -> Vec<Row> {
+    /// for ordered plugins).
+    pub fn call_rows(&self, i: usize) -> SlotRows {
         let s = if i == 0 { 0 } else { self.events.group_ends[i - 1] as usize };
         let e = self.events.group_ends[i] as usize;
-        (s..e)
-            .map(|r| Row {
-                key,
-                id,
-                time: self.events.event_time[r],
-                values: self
-                    .events
-                    .columns
-                    .iter()
-                    .map(|c| match c {
-                        Column::Int(v) => Value::Int(v[r]),
-                        Column::Float(v) => Value::Float(v[r]),
-                        Column::Boolean(v) => Value::Bool(v[r] != 0),
-                        Column::Text(p) => {
-                            Value::Text(String::from_utf8_lossy(super::packed_item(p, r)).into_owned())
-                        }
-                    })
-                    .collect(),
-            })
-            .collect()
+        let columns = &self.events.columns;
+        let mut rows = SlotRows {
+            times: self.events.event_time[s..e].to_vec(),
+            values: Vec::with_capacity((e - s) * columns.len()),
+        };
+        for r in s..e {
+            rows.values.extend(columns.iter().map(|c| match c {
+                Column::Int(v) => Value::Int(v[r]),
+                Column::Float(v) => Value::Float(v[r]),
+                Column::Boolean(v) => Value::Bool(v[r] != 0),
+                Column::Text(p) => {
+                    Value::Text(String::from_utf8_lossy(super::packed_item(p, r)).into_owned())
+                }
+            }));
+        }
+        rows
     }
 
     /// Group `i` of the last assembled call alone, as a call of its own.

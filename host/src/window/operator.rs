@@ -14,7 +14,7 @@
 use super::aggregator::Aggregator;
 use super::{Assigner, Window};
 use crate::pipeline::WindowSpec;
-use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, Row, Value};
+use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, SlotRows, Value};
 use crate::plugin::{packed_item, FieldType, Groups, OnError, Packed, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
@@ -164,10 +164,10 @@ pub struct WindowOperator {
     /// until the slot is cleaned up. A row that reaches the slot later brings them back
     /// into the batch and the slot is rebuilt from an empty accumulator, so every
     /// accumulator reflects all of its slot's rows in order.
-    held: FastMap<(u32, i64), Vec<Row>>,
+    held: FastMap<(u32, i64), SlotRows>,
     /// Ordered plugins: slots handed back for a rebuild, with the accumulator and rows they
     /// had, so that a rebuild the plugin fails on leaves the slot as it was.
-    reopened: FastMap<(u32, i64), (Vec<u8>, Vec<Row>)>,
+    reopened: FastMap<(u32, i64), (Vec<u8>, SlotRows)>,
     /// Slots whose every event the plugin rejected: removed at the next safe point (not
     /// in the middle of a merge that holds on to them), unless an event reached them since.
     doomed: Vec<(u32, i64)>,
@@ -680,14 +680,14 @@ impl WindowOperator {
             self.state.replace_accs(|| accs.next().unwrap_or_default());
         }
         // Rows in the order a savepoint holds them: held (by key, then slot), then staged.
-        let mut held: Vec<((u32, i64), Vec<Row>)> = self.held.drain().collect();
+        let mut held: Vec<((u32, i64), SlotRows)> = self.held.drain().collect();
         held.sort_by(|a, b| (self.keys.encoded(a.0 .0), a.0 .1).cmp(&(self.keys.encoded(b.0 .0), b.0 .1)));
         let staged = self.batch.rows();
         let types: Vec<FieldType> = plugin.info().fields.iter().map(|f| f.type_).collect();
         self.batch = Batch::new(&types, self.key_arity, plugin.info().ordered_input);
         for ((k, id), rows) in held {
             self.state.set_acc(k, id, &[]);
-            rows.iter().for_each(|r| self.batch.push(r));
+            rows.iter().for_each(|(time, values)| self.batch.push_values(k, id, time, values));
         }
         staged.iter().for_each(|r| self.batch.push(r));
         self.reopened.clear();
@@ -809,7 +809,7 @@ impl WindowOperator {
             self.reopened.remove(&(key, id));
         }
         if self.state.acc(key, id).is_empty() {
-            self.held.insert((key, id), self.batch.call_rows(i, key, id));
+            self.held.insert((key, id), self.batch.call_rows(i));
         }
     }
 
@@ -821,8 +821,8 @@ impl WindowOperator {
             return;
         }
         if let Some(rows) = self.held.remove(&(key, id)) {
-            for r in &rows {
-                self.batch.push(r);
+            for (time, values) in rows.iter() {
+                self.batch.push_values(key, id, time, values);
             }
             let acc = self.state.acc(key, id).to_vec();
             self.state.set_acc(key, id, &[]);
@@ -832,17 +832,17 @@ impl WindowOperator {
 
     /// Rows held for ordered plugins, in a deterministic order (by key, then slot).
     fn held_rows(&self) -> Vec<SavedRow> {
-        let mut slots: Vec<(&[u8], i64, &Vec<Row>)> =
+        let mut slots: Vec<(&[u8], i64, &SlotRows)> =
             self.held.iter().map(|(&(k, id), rows)| (self.keys.encoded(k), id, rows)).collect();
         slots.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         slots
             .into_iter()
             .flat_map(|(key, id, rows)| {
-                rows.iter().map(move |r| SavedRow {
+                rows.iter().map(move |(time, values)| SavedRow {
                     key: key.to_vec(),
                     id,
-                    time: r.time,
-                    values: r.values.clone(),
+                    time,
+                    values: values.to_vec(),
                 })
             })
             .collect()
@@ -865,8 +865,8 @@ impl WindowOperator {
                     if let Some((acc, rows)) = self.reopened.remove(&(key, id)) {
                         // A rebuild failed: the slot keeps what it had; only the rows that
                         // reached it since are rejected.
-                        for r in &rows {
-                            if let Some(at) = rejected_times.iter().position(|&t| t == r.time) {
+                        for (time, _) in rows.iter() {
+                            if let Some(at) = rejected_times.iter().position(|&t| t == time) {
                                 rejected_times.remove(at);
                             }
                         }
@@ -1239,7 +1239,7 @@ impl WindowOperator {
         }
         for r in &snap.rows {
             let k = self.keys.intern(&r.key);
-            self.batch.push(&Row { key: k, id: r.id, time: r.time, values: r.values.clone() });
+            self.batch.push_values(k, r.id, r.time, &r.values);
             if rows_cover_slots {
                 self.state.set_acc(k, r.id, &[]);
             }

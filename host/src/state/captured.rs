@@ -1,10 +1,11 @@
-//! An operator's state captured for a snapshot. Processing stops only for a copy of the
-//! key table (one buffer) and of each open slot's fixed-size record and
-//! accumulator bytes, read in the slot table's own order: no pointer is chased per slot.
+//! An operator's state captured for a snapshot. Processing stops only for a copy of each
+//! open slot's fixed-size record and accumulator bytes, read in the slot table's own
+//! order (no pointer is chased per slot); the key table is shared, not copied
+//! ([`KeyTable::snapshot`]).
 //! The bytes `state.bin` holds for them ([`crate::checkpoint::savepoint`]) are laid out
 //! later, by the thread that writes the snapshot ([`CapturedSlots::encode_into`]).
 
-use super::KeyTable;
+use super::{KeySnapshot, KeyTable};
 use crate::window::Window;
 
 /// A key in `state.bin`: its field count, then the encoded fields.
@@ -23,11 +24,15 @@ struct CapturedSlot {
     acc_len: u32,
 }
 
-/// Captured slots: `count` of them, with the keys they refer to.
+/// Captured slots: `count` of them, with the keys they refer to. A capture holds slots of
+/// one kind: pushed by key id ([`Self::new`], [`Self::push`]) or with their keys
+/// ([`Self::few`], [`Self::push_keyed`]).
 #[derive(Debug, Clone, Default)]
 pub struct CapturedSlots {
     pub count: u64,
-    /// A copy of the key table's buffer, and every id's (start, length) in it.
+    /// The key table when the capture started, for slots pushed by key id.
+    table: KeySnapshot,
+    /// Keys copied with their slots, and every one's (start, length).
     key_bytes: Vec<u8>,
     key_spans: Vec<(usize, u32)>,
     slots: Vec<CapturedSlot>,
@@ -35,16 +40,14 @@ pub struct CapturedSlots {
 }
 
 impl CapturedSlots {
-    /// Start a capture with a copy of `keys`, room for `slots` slots and `acc_bytes`
+    /// Start a capture of slots of `keys`, with room for `slots` slots and `acc_bytes`
     /// accumulator bytes.
     pub fn new(keys: &KeyTable, slots: usize, acc_bytes: usize) -> CapturedSlots {
-        let (key_bytes, key_spans) = keys.parts();
         CapturedSlots {
-            count: 0,
-            key_bytes: key_bytes.to_vec(),
-            key_spans: key_spans.to_vec(),
+            table: keys.snapshot(),
             slots: Vec::with_capacity(slots),
             accs: Vec::with_capacity(acc_bytes),
+            ..Default::default()
         }
     }
 
@@ -80,8 +83,10 @@ impl CapturedSlots {
     }
 
     fn key(&self, id: u32) -> &[u8] {
-        let (start, len) = self.key_spans[id as usize];
-        &self.key_bytes[start..start + len as usize]
+        match self.key_spans.get(id as usize) {
+            Some(&(start, len)) => &self.key_bytes[start..start + len as usize],
+            None => self.table.key(id),
+        }
     }
 
     /// Bytes [`Self::encode_into`] writes.

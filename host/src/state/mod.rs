@@ -10,19 +10,53 @@ pub mod rocks;
 use crate::window::Window;
 use std::collections::{BTreeMap, HashSet};
 use std::hash::BuildHasher;
+use std::sync::Arc;
+
+/// Bytes of one chunk of the key table (a longer key gets a chunk of its own).
+const KEY_CHUNK: usize = 1 << 18;
+/// Ids per chunk of spans.
+const SPAN_CHUNK: usize = 1 << 12;
+
+/// Where a key lies: its chunk, and its start and length in it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Span {
+    chunk: u32,
+    start: u32,
+    len: u32,
+}
+
+/// A key's bytes.
+#[inline]
+fn bytes_of(chunks: &[Arc<[u8]>], s: Span) -> &[u8] {
+    &chunks[s.chunk as usize][s.start as usize..s.start as usize + s.len as usize]
+}
+
+/// The span of id `id`.
+#[inline]
+fn span_of(spans: &[Arc<[Span]>], id: u32) -> Span {
+    spans[id as usize / SPAN_CHUNK][id as usize % SPAN_CHUNK]
+}
 
 /// Dense ids for key tuples. A key is stored encoded: each field as a little-endian u32
-/// length followed by its UTF-8 bytes. Keys lie one after another in one buffer, so a
-/// key costs no allocation of its own and a snapshot copies the table in one go; the
-/// index holds only ids, hashed by their key.
+/// length followed by its UTF-8 bytes. Keys lie one after another in fixed-size chunks,
+/// so a key costs no allocation of its own; the index holds ids, hashed by their key.
+///
+/// Chunks (of bytes and of spans) are shared copy-on-write: a snapshot
+/// ([`KeyTable::snapshot`]) takes the table in O(chunks), without copying a key, and the
+/// table copies a chunk only when it writes to one a snapshot still holds (the chunk new
+/// keys go to, a span that changes).
 #[derive(Default)]
 pub struct KeyTable {
     index: hashbrown::HashTable<Interned>,
     hasher: foldhash::fast::RandomState,
-    /// The keys' bytes; removed keys leave holes until the next compaction.
-    arena: Vec<u8>,
-    /// (start, length) in `arena` of every id's key.
-    spans: Vec<(usize, u32)>,
+    /// The keys' bytes; new keys are appended to the last chunk, up to `fill`. Removed
+    /// keys leave holes until the next compaction.
+    chunks: Vec<Arc<[u8]>>,
+    fill: usize,
+    /// Where every id's key lies (a removed id's: nowhere).
+    spans: Vec<Arc<[Span]>>,
+    /// Ids given out: one past the largest.
+    ids: usize,
     /// Ids of removed keys, reused first.
     free: Vec<u32>,
     /// Bytes of the encoded keys held, and of the holes removed keys left.
@@ -39,22 +73,22 @@ pub struct KeyTable {
 #[derive(Clone, Copy)]
 struct Interned {
     id: u32,
-    len: u32,
-    start: usize,
+    span: Span,
 }
 
-impl Interned {
+/// The key table as it was when [`KeyTable::snapshot`] was called, keys by id.
+#[derive(Debug, Clone, Default)]
+pub struct KeySnapshot {
+    chunks: Vec<Arc<[u8]>>,
+    spans: Vec<Arc<[Span]>>,
+}
+
+impl KeySnapshot {
+    /// The encoded key of `id` (an id interned when the snapshot was taken).
     #[inline]
-    fn key<'a>(&self, arena: &'a [u8]) -> &'a [u8] {
-        &arena[self.start..self.start + self.len as usize]
+    pub fn key(&self, id: u32) -> &[u8] {
+        bytes_of(&self.chunks, span_of(&self.spans, id))
     }
-}
-
-/// Key `id` of an arena.
-#[inline]
-fn key_in<'a>(arena: &'a [u8], spans: &[(usize, u32)], id: u32) -> &'a [u8] {
-    let (start, len) = spans[id as usize];
-    &arena[start..start + len as usize]
 }
 
 impl KeyTable {
@@ -72,7 +106,7 @@ impl KeyTable {
     pub fn get(&self, encoded: &[u8]) -> Option<u32> {
         let hash = self.hasher.hash_one(encoded);
         self.index
-            .find(hash, |e| e.len as usize == encoded.len() && e.key(&self.arena) == encoded)
+            .find(hash, |e| e.span.len as usize == encoded.len() && bytes_of(&self.chunks, e.span) == encoded)
             .map(|e| e.id)
     }
 
@@ -80,42 +114,62 @@ impl KeyTable {
     pub fn insert(&mut self, encoded: &[u8]) -> u32 {
         self.bytes += encoded.len();
         self.ranked = false;
-        let span = (self.arena.len(), encoded.len() as u32);
-        self.arena.extend_from_slice(encoded);
+        let span = self.append(encoded);
         let id = match self.free.pop() {
-            Some(id) => {
-                self.spans[id as usize] = span;
-                id
-            }
+            Some(id) => id,
             None => {
-                self.spans.push(span);
-                self.spans.len() as u32 - 1
+                self.ids += 1;
+                self.ids as u32 - 1
             }
         };
+        self.set_span(id, span);
         let hash = self.hasher.hash_one(encoded);
-        let (arena, hasher) = (&self.arena, &self.hasher);
-        let entry = Interned { id, len: span.1, start: span.0 };
-        self.index.insert_unique(hash, entry, |e| hasher.hash_one(e.key(arena)));
+        let (chunks, hasher) = (&self.chunks, &self.hasher);
+        self.index.insert_unique(hash, Interned { id, span }, |e| hasher.hash_one(bytes_of(chunks, e.span)));
         id
+    }
+
+    /// Append a key's bytes to the last chunk (a new one when it is full).
+    fn append(&mut self, key: &[u8]) -> Span {
+        let room = self.chunks.last().map_or(0, |c| c.len() - self.fill);
+        if self.chunks.is_empty() || key.len() > room {
+            self.chunks.push(Arc::from(vec![0u8; KEY_CHUNK.max(key.len())]));
+            self.fill = 0;
+        }
+        let c = self.chunks.len() - 1;
+        // Copies the chunk when a snapshot shares it.
+        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        chunk[self.fill..self.fill + key.len()].copy_from_slice(key);
+        let span = Span { chunk: c as u32, start: self.fill as u32, len: key.len() as u32 };
+        self.fill += key.len();
+        span
+    }
+
+    fn set_span(&mut self, id: u32, span: Span) {
+        let (c, i) = (id as usize / SPAN_CHUNK, id as usize % SPAN_CHUNK);
+        if c == self.spans.len() {
+            self.spans.push(Arc::from(vec![Span::default(); SPAN_CHUNK]));
+        }
+        // Copies the chunk when a snapshot shares it.
+        Arc::make_mut(&mut self.spans[c])[i] = span;
     }
 
     /// Room for `n` more keys.
     pub fn reserve(&mut self, n: usize) {
-        let (arena, hasher) = (&self.arena, &self.hasher);
-        self.index.reserve(n, |e| hasher.hash_one(e.key(arena)));
-        self.spans.reserve(n);
+        let (chunks, hasher) = (&self.chunks, &self.hasher);
+        self.index.reserve(n, |e| hasher.hash_one(bytes_of(chunks, e.span)));
     }
 
     /// Forget a key; its id may be given to another key.
     pub fn remove(&mut self, id: u32) {
-        let key = key_in(&self.arena, &self.spans, id);
-        let hash = self.hasher.hash_one(key);
+        let span = span_of(&self.spans, id);
+        let hash = self.hasher.hash_one(bytes_of(&self.chunks, span));
         let Ok(entry) = self.index.find_entry(hash, |e| e.id == id) else { return };
         entry.remove();
-        let len = key.len();
+        let len = span.len as usize;
         self.bytes -= len;
         self.holes += len;
-        self.spans[id as usize] = (0, 0);
+        self.set_span(id, Span::default());
         self.free.push(id);
         if self.holes > self.bytes.max(1 << 16) {
             self.compact();
@@ -123,18 +177,19 @@ impl KeyTable {
     }
 
     /// Close the holes of removed keys (at most as many bytes as the keys held: O(1) per
-    /// removed byte).
+    /// removed byte). The keys move to new chunks; a snapshot keeps the old ones.
     fn compact(&mut self) {
-        let mut arena = Vec::with_capacity(self.bytes);
-        for span in &mut self.spans {
-            let (start, len) = *span;
-            *span = (arena.len(), len);
-            arena.extend_from_slice(&self.arena[start..start + len as usize]);
+        let (old_chunks, old_spans) = (std::mem::take(&mut self.chunks), std::mem::take(&mut self.spans));
+        self.fill = 0;
+        for id in 0..self.ids as u32 {
+            let span = span_of(&old_spans, id);
+            let moved =
+                if span.len == 0 { Span::default() } else { self.append(bytes_of(&old_chunks, span)) };
+            self.set_span(id, moved);
         }
         for e in self.index.iter_mut() {
-            e.start = self.spans[e.id as usize].0;
+            e.span = span_of(&self.spans, e.id);
         }
-        self.arena = arena;
         self.holes = 0;
     }
 
@@ -145,13 +200,12 @@ impl KeyTable {
 
     #[inline]
     pub fn encoded(&self, id: u32) -> &[u8] {
-        key_in(&self.arena, &self.spans, id)
+        bytes_of(&self.chunks, span_of(&self.spans, id))
     }
 
-    /// The keys' buffer and every id's (start, length) in it (a removed id's are
-    /// meaningless), for a snapshot to copy.
-    pub fn parts(&self) -> (&[u8], &[(usize, u32)]) {
-        (&self.arena, &self.spans)
+    /// The table as it is now, for a snapshot: shares its chunks, copies no key.
+    pub fn snapshot(&self) -> KeySnapshot {
+        KeySnapshot { chunks: self.chunks.clone(), spans: self.spans.clone() }
     }
 
     /// The key's fields, in key order.
@@ -173,13 +227,10 @@ impl KeyTable {
                 return None;
             }
             let mut ids: Vec<u32> = self.ids().collect();
-            let (arena, spans) = (&self.arena, &self.spans);
-            ids.sort_unstable_by(|&a, &b| {
-                RawKeyFields { rest: key_in(arena, spans, a) }
-                    .cmp(RawKeyFields { rest: key_in(arena, spans, b) })
-            });
+            let table = &*self;
+            ids.sort_unstable_by(|&a, &b| table.raw_fields(a).cmp(table.raw_fields(b)));
             self.rank.clear();
-            self.rank.resize(self.spans.len(), u32::MAX);
+            self.rank.resize(self.ids, u32::MAX);
             for (r, id) in ids.into_iter().enumerate() {
                 self.rank[id as usize] = r as u32;
             }
@@ -200,7 +251,7 @@ impl KeyTable {
 
     /// One past the largest id given out (ids are dense).
     pub fn capacity(&self) -> usize {
-        self.spans.len()
+        self.ids
     }
 
     pub fn is_empty(&self) -> bool {
@@ -689,6 +740,37 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_keeps_the_keys_it_saw_while_the_table_changes() {
+        let key = |i: usize| {
+            let mut k = Vec::new();
+            push_key_field(&mut k, format!("producto-{i}").as_bytes());
+            push_key_field(&mut k, b"reus");
+            k
+        };
+        let mut t = KeyTable::default();
+        let ids: Vec<u32> = (0..10_000).map(|i| t.intern(&key(i))).collect();
+        let snap = t.snapshot();
+        // Removed ids are given to new keys (their spans change), new keys go to the
+        // chunk the snapshot shares, and the removals compact the table (keys move).
+        for i in (0..10_000).filter(|i| i % 3 != 0) {
+            t.remove(ids[i]);
+        }
+        let new: Vec<u32> = (10_000..20_000).map(|i| t.intern(&key(i))).collect();
+        assert!(new.iter().any(|id| ids.contains(id)), "ids are reused");
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(snap.key(id), key(i).as_slice());
+        }
+        for (i, &id) in (10_000..).zip(&new) {
+            assert_eq!(t.get(&key(i)), Some(id));
+            assert_eq!(t.encoded(id), key(i).as_slice());
+        }
+        for i in (0..10_000).step_by(3) {
+            assert_eq!(t.encoded(ids[i]), key(i).as_slice());
+        }
+        assert_eq!(t.len(), 10_000 / 3 + 1 + 10_000);
+    }
+
+    #[test]
     fn removed_keys_free_their_ids() {
         let mut t = KeyTable::default();
         let a = t.intern(b"\x01\0\0\0a");
@@ -717,12 +799,8 @@ mod tests {
             t.remove(ids[i as usize]);
         }
         assert_eq!(t.len(), 2_000);
-        assert!(
-            t.parts().0.len() < 2 * t.bytes() + (1 << 16),
-            "{} bytes for {}",
-            t.parts().0.len(),
-            t.bytes()
-        );
+        let held: usize = t.chunks.iter().map(|c| c.len()).sum();
+        assert!(held < 2 * t.bytes() + 2 * KEY_CHUNK, "{held} bytes for {}", t.bytes());
         for i in (0..20_000u32).step_by(10) {
             assert_eq!(t.get(&key(i)), Some(ids[i as usize]));
             assert_eq!(t.encoded(ids[i as usize]), key(i).as_slice());

@@ -13,17 +13,22 @@
 //! Only a partition that has reached the end of its log (live, nothing new yet) is skipped.
 //!
 //! Memory is bounded by librdkafka's prefetch limit (`queued.max.messages.kbytes`, 8 MiB
-//! per partition by default here): the job pulls records only as fast as it processes
+//! per partition by default here) and the batch taken out of each partition's queue
+//! ([`FETCH_BATCH`] records): the job pulls records only as fast as it processes
 //! them, and [`KafkaSource::pause`] stops fetching while a sink drains.
 
 use super::{PartitionPosition, Position, SourcePosition};
 use crate::pipeline::{KafkaSourceSpec, StartAt};
 use crate::{Error, Result};
+use rdkafka::bindings as rdsys;
+use rdkafka::bindings::rd_kafka_resp_err_t as RdKafkaRespErr;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, DefaultConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::ffi::CString;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,11 +42,102 @@ const SERVICE_EVERY: Duration = Duration::from_millis(200);
 
 type PartitionQueue = rdkafka::consumer::base_consumer::PartitionQueue<DefaultConsumerContext>;
 
+/// Records taken from a partition's queue in one call at most.
+const FETCH_BATCH: usize = 1024;
+
+/// Records taken from one partition's queue a batch at a time and handed out one by one:
+/// the queue is served (locked, its clock read) once per batch, not once per record as
+/// rdkafka's per-message poll does.
+struct Fetched {
+    /// A reference of its own to the partition's queue (the `Part`'s split queue keeps
+    /// the queue from being forwarded to the consumer's).
+    queue: NonNull<rdsys::rd_kafka_queue_t>,
+    msgs: Vec<*mut rdsys::rd_kafka_message_t>,
+    next: usize,
+}
+
+// SAFETY: librdkafka's queues and messages may be used from any thread; a `Fetched` is
+// owned by one source, used by one thread at a time.
+unsafe impl Send for Fetched {}
+
+impl Fetched {
+    fn new(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<Fetched> {
+        let topic = CString::new(topic).ok()?;
+        // SAFETY: the client pointer is valid while the consumer lives, and the `Part`
+        // holding this drops it before its split queue, which holds the consumer.
+        let queue = unsafe {
+            rdsys::rd_kafka_queue_get_partition(consumer.client().native_ptr(), topic.as_ptr(), partition)
+        };
+        NonNull::new(queue).map(|queue| Fetched { queue, msgs: Vec::with_capacity(FETCH_BATCH), next: 0 })
+    }
+
+    /// The next record: its error code and offset, its payload (none for an error) in
+    /// `buf`. When none is left, takes what the queue holds, else waits up to `wait` for
+    /// one record; None when nothing came.
+    fn take(&mut self, wait: Duration, buf: &mut Vec<u8>) -> Option<(rdsys::rd_kafka_resp_err_t, i64)> {
+        if self.next == self.msgs.len() {
+            self.next = 0;
+            if self.fill(0, FETCH_BATCH) == 0
+                && (wait.is_zero() || self.fill(wait.as_millis() as i32, 1) == 0)
+            {
+                return None;
+            }
+        }
+        let m = self.msgs[self.next];
+        self.next += 1;
+        // SAFETY: `m` is a message librdkafka handed out and nobody destroyed yet; it is
+        // read, then destroyed, exactly once.
+        unsafe {
+            let msg = &*m;
+            let taken = (msg.err, msg.offset);
+            buf.clear();
+            if msg.err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !msg.payload.is_null() {
+                buf.extend_from_slice(std::slice::from_raw_parts(msg.payload as *const u8, msg.len));
+            }
+            rdsys::rd_kafka_message_destroy(m);
+            Some(taken)
+        }
+    }
+
+    /// Take up to `max` messages, waiting up to `timeout_ms` for them (0: not at all).
+    fn fill(&mut self, timeout_ms: i32, max: usize) -> usize {
+        self.msgs.clear();
+        // SAFETY: the queue handle is valid and `msgs` has room for `max` pointers, of
+        // which librdkafka writes the first `n` (-1 on an error: none).
+        unsafe {
+            let n = rdsys::rd_kafka_consume_batch_queue(
+                self.queue.as_ptr(),
+                timeout_ms,
+                self.msgs.as_mut_ptr(),
+                max,
+            );
+            self.msgs.set_len(n.clamp(0, max as isize) as usize);
+        }
+        self.msgs.len()
+    }
+}
+
+impl Drop for Fetched {
+    fn drop(&mut self) {
+        // SAFETY: the messages not handed out yet are destroyed once, then the queue
+        // reference this holds.
+        unsafe {
+            for &m in &self.msgs[self.next..] {
+                rdsys::rd_kafka_message_destroy(m);
+            }
+            rdsys::rd_kafka_queue_destroy(self.queue.as_ptr());
+        }
+    }
+}
+
 struct Part {
     topic: String,
     id: i32,
     name: String,
-    queue: PartitionQueue,
+    /// Dropped before `_split` (fields drop in order).
+    fetched: Fetched,
+    /// The partition's queue split from the consumer's: kept for that.
+    _split: PartitionQueue,
     /// Offset of the next record to hand out.
     next_offset: i64,
     records: u64,
@@ -193,11 +289,16 @@ impl KafkaSource {
                 brokers: brokers.clone(),
                 message: format!("no queue for {name}"),
             })?;
+            let fetched = Fetched::new(&consumer, &topic, id).ok_or_else(|| Error::Kafka {
+                brokers: brokers.clone(),
+                message: format!("no queue for {name}"),
+            })?;
             parts.push(Part {
                 topic,
                 id,
                 name,
-                queue,
+                fetched,
+                _split: queue,
                 next_offset: start,
                 records,
                 stop: spec.bounded.then_some(end),
@@ -285,13 +386,15 @@ impl KafkaSource {
             loop {
                 let part = &mut self.parts[p];
                 let wait = if part.at_end || self.paused { Duration::ZERO } else { WAIT };
-                let got = match part.queue.poll(wait) {
-                    Some(Ok(m)) => {
-                        self.buf.clear();
-                        self.buf.extend_from_slice(m.payload().unwrap_or_default());
-                        Ok(m.offset())
+                let got = match part.fetched.take(wait, &mut self.buf) {
+                    Some((RdKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR, offset)) => Ok(offset),
+                    Some((RdKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF, _)) => {
+                        Err(KafkaError::PartitionEOF(part.id))
                     }
-                    Some(Err(e)) => Err(e),
+                    Some((RdKafkaRespErr::RD_KAFKA_RESP_ERR__FATAL, _)) => {
+                        Err(KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::Fatal))
+                    }
+                    Some((code, _)) => Err(KafkaError::MessageConsumption(code.into())),
                     None => {
                         if part.at_end || self.paused {
                             break;

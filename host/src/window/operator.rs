@@ -150,6 +150,9 @@ pub struct WindowOperator {
     columns: Vec<(usize, FieldType)>,
     /// Earliest timer: nothing fires before the watermark reaches it.
     next_fire: i64,
+    /// The slot of the last event (tumbling windows, sliding panes): the next event
+    /// usually falls in it too, and then needs no division.
+    last_slot: Window,
     /// Open sessions per key.
     sessions: FastMap<u32, Vec<SessionRef>>,
     next_session: i64,
@@ -201,6 +204,7 @@ impl WindowOperator {
             plugin,
             columns,
             next_fire: i64::MAX,
+            last_slot: Window { start: 0, end: 0 },
             sessions: FastMap::default(),
             next_session: 0,
             fire_groups: empty_groups(key_arity as u32),
@@ -392,7 +396,12 @@ impl WindowOperator {
         slots: &[Option<Scalar>],
         out: &mut Vec<Emitted>,
     ) -> Result<Verdict> {
-        let slot = self.assigner.slot(t);
+        let slot = if self.last_slot.start <= t && t < self.last_slot.end {
+            self.last_slot
+        } else {
+            self.last_slot = self.assigner.slot(t);
+            self.last_slot
+        };
         let last = self.assigner.last_end(slot);
         if last.saturating_add(self.lateness) <= wm {
             return Ok(Verdict::Late { window: self.assigner.window_ending(last) });

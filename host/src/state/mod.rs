@@ -811,6 +811,42 @@ mod tests {
     }
 
     #[test]
+    fn a_key_longer_than_a_chunk_gets_one_of_its_own() {
+        let mut t = KeyTable::default();
+        let short = t.intern(b"\x01\0\0\0a");
+        let mut long = Vec::new();
+        push_key_field(&mut long, &vec![b'x'; KEY_CHUNK + 10]);
+        let l = t.intern(&long);
+        let after = t.intern(b"\x01\0\0\0b");
+        assert_eq!(t.encoded(l), long.as_slice());
+        assert_eq!(
+            (t.get(&long), t.get(b"\x01\0\0\0a"), t.get(b"\x01\0\0\0b")),
+            (Some(l), Some(short), Some(after))
+        );
+        assert_eq!(t.fields(after).collect::<Vec<_>>(), ["b"]);
+    }
+
+    #[test]
+    fn a_handle_reaches_its_slot_only_while_the_slot_holds_its_place() {
+        let mut s = WindowState::default();
+        let w = Window { start: 0, end: 5 };
+        let (a, created) = s.open_at(1, 0, w);
+        assert!(created);
+        s.set_acc_at(a, 1, 0, b"a");
+        s.remove(1, 0);
+        // The place is reused by another slot: the old handle no longer reaches (1, 0).
+        let (b, _) = s.open_at(2, 0, w);
+        assert_eq!(a, b);
+        assert!(s.slot_at(a, 1, 0).is_none());
+        s.set_acc_at(a, 1, 0, b"stale");
+        assert_eq!(s.acc(2, 0), b"");
+        // A wrong handle still finds a slot by its (key, id).
+        s.set_acc_at(NO_SLOT, 2, 0, b"b");
+        assert_eq!(s.slot_at(NO_SLOT, 2, 0).map(|x| x.acc.as_slice()), Some(&b"b"[..]));
+        assert_eq!((s.len(), s.acc_bytes()), (1, 1));
+    }
+
+    #[test]
     fn removed_keys_free_their_ids() {
         let mut t = KeyTable::default();
         let a = t.intern(b"\x01\0\0\0a");

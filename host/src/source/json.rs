@@ -188,10 +188,32 @@ impl Projection {
     }
 }
 
-/// Equality for short byte strings: length first, then bytes, without a library call.
+/// Equality of short byte strings (field names, filter values, keys): eight bytes at a
+/// time, inline; a call to memcmp costs more than the comparison.
 #[inline]
 pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+    #[inline(always)]
+    fn word(b: &[u8], i: usize) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[i..i + 8]);
+        u64::from_ne_bytes(w)
+    }
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if n < 8 {
+        return a.iter().zip(b).all(|(x, y)| x == y);
+    }
+    let mut i = 0;
+    while i + 8 < n {
+        if word(a, i) != word(b, i) {
+            return false;
+        }
+        i += 8;
+    }
+    // The last eight bytes (overlapping the words compared when n is not a multiple of 8).
+    word(a, n - 8) == word(b, n - 8)
 }
 
 #[inline(always)]
@@ -509,6 +531,20 @@ mod tests {
         assert_eq!(v[1].unwrap().as_str().unwrap().unwrap(), "queso-curado");
         assert_eq!(v[2], Some(Scalar::Int(-15)));
         assert_eq!(v[3], None);
+    }
+
+    #[test]
+    fn short_strings_compare_equal_exactly_when_their_bytes_are_equal() {
+        for n in 0..40usize {
+            let a: Vec<u8> = (0..n as u8).map(|i| i.wrapping_mul(37)).collect();
+            assert!(short_eq(&a, &a.clone()));
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 0x40;
+                assert!(!short_eq(&a, &b), "length {n}, byte {at} differs");
+            }
+            assert!(!short_eq(&a, &a[..n.saturating_sub(1)]) || n == 0);
+        }
     }
 
     #[test]

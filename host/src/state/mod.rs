@@ -7,6 +7,7 @@
 pub mod captured;
 pub mod rocks;
 
+use crate::source::json::short_eq;
 use crate::window::Window;
 use std::collections::{BTreeMap, HashSet};
 use std::hash::BuildHasher;
@@ -29,34 +30,6 @@ pub(crate) struct Span {
 #[inline]
 fn bytes_of(chunks: &[Arc<[u8]>], s: Span) -> &[u8] {
     &chunks[s.chunk as usize][s.start as usize..s.start as usize + s.len as usize]
-}
-
-/// Whether two encoded keys are equal: eight bytes at a time, inline (keys are a few dozen
-/// bytes; a call to memcmp cost more than the comparison).
-#[inline]
-fn same_key(a: &[u8], b: &[u8]) -> bool {
-    #[inline(always)]
-    fn word(b: &[u8], i: usize) -> u64 {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[i..i + 8]);
-        u64::from_ne_bytes(w)
-    }
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    if n < 8 {
-        return a.iter().zip(b).all(|(x, y)| x == y);
-    }
-    let mut i = 0;
-    while i + 8 < n {
-        if word(a, i) != word(b, i) {
-            return false;
-        }
-        i += 8;
-    }
-    // The last eight bytes (overlapping the words compared when n is not a multiple of 8).
-    word(a, n - 8) == word(b, n - 8)
 }
 
 /// The span of id `id`.
@@ -133,7 +106,7 @@ impl KeyTable {
     #[inline]
     pub fn get(&self, encoded: &[u8]) -> Option<u32> {
         let hash = self.hasher.hash_one(encoded);
-        self.index.find(hash, |e| same_key(bytes_of(&self.chunks, e.span), encoded)).map(|e| e.id)
+        self.index.find(hash, |e| short_eq(bytes_of(&self.chunks, e.span), encoded)).map(|e| e.id)
     }
 
     /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
@@ -728,20 +701,6 @@ mod tests {
     }
 
     use super::*;
-
-    #[test]
-    fn keys_compare_equal_exactly_when_their_bytes_are_equal() {
-        for n in 0..40usize {
-            let a: Vec<u8> = (0..n as u8).map(|i| i.wrapping_mul(37)).collect();
-            assert!(same_key(&a, &a.clone()));
-            for at in 0..n {
-                let mut b = a.clone();
-                b[at] ^= 0x40;
-                assert!(!same_key(&a, &b), "length {n}, byte {at} differs");
-            }
-            assert!(!same_key(&a, &a[..n.saturating_sub(1)]) || n == 0);
-        }
-    }
 
     #[test]
     fn keys_round_trip() {

@@ -75,14 +75,6 @@ pub struct SlotRows {
 }
 
 impl SlotRows {
-    pub fn len(&self) -> usize {
-        self.times.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.times.is_empty()
-    }
-
     /// Every row's event time and values, in order.
     pub fn iter(&self) -> impl Iterator<Item = (i64, &[Value])> {
         let width = if self.times.is_empty() { 0 } else { self.values.len() / self.times.len() };

@@ -87,22 +87,21 @@ pub struct Projection {
     heads: Vec<u64>,
 }
 
+/// The eight bytes at `i` as a little-endian word (one load), when `b` has them.
+#[inline(always)]
+fn word_at(b: &[u8], i: usize) -> Option<u64> {
+    let bytes: [u8; 8] = b.get(i..i.checked_add(8)?)?.try_into().ok()?;
+    Some(u64::from_le_bytes(bytes))
+}
+
 /// The first (up to) eight bytes of `b[start..start + len]` as a little-endian word,
 /// zero above them: one load when the record has eight bytes there.
 #[inline(always)]
 fn head(b: &[u8], start: usize, len: usize) -> u64 {
     let n = len.min(8);
-    match b.get(start..start + 8) {
-        Some(w) => {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(w);
-            let x = u64::from_le_bytes(word);
-            if n == 8 {
-                x
-            } else {
-                x & ((1u64 << (8 * n)) - 1)
-            }
-        }
+    match word_at(b, start) {
+        Some(x) if n == 8 => x,
+        Some(x) => x & ((1u64 << (8 * n)) - 1),
         None => b[start..start + n].iter().rev().fold(0, |acc, &c| (acc << 8) | c as u64),
     }
 }
@@ -192,12 +191,6 @@ impl Projection {
 /// time, inline; a call to memcmp costs more than the comparison.
 #[inline]
 pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
-    #[inline(always)]
-    fn word(b: &[u8], i: usize) -> u64 {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[i..i + 8]);
-        u64::from_ne_bytes(w)
-    }
     let n = a.len();
     if n != b.len() {
         return false;
@@ -207,13 +200,13 @@ pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
     }
     let mut i = 0;
     while i + 8 < n {
-        if word(a, i) != word(b, i) {
+        if word_at(a, i) != word_at(b, i) {
             return false;
         }
         i += 8;
     }
     // The last eight bytes (overlapping the words compared when n is not a multiple of 8).
-    word(a, n - 8) == word(b, n - 8)
+    word_at(a, n - 8) == word_at(b, n - 8)
 }
 
 #[inline(always)]
@@ -269,10 +262,7 @@ fn find_quote_or_backslash(b: &[u8], mut i: usize) -> usize {
     }
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    while let Some(chunk) = b.get(i..i + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let x = u64::from_le_bytes(word);
+    while let Some(x) = word_at(b, i) {
         let q = x ^ (ONES * b'"' as u64);
         let s = x ^ (ONES * b'\\' as u64);
         // A zero byte in q or s marks a match; only bytes above the first match can be
@@ -313,7 +303,7 @@ fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
     let digits = i;
     let mut v: u64 = 0;
     // Eight digits at a time (a millisecond timestamp has 13), then one at a time.
-    while let Some(eight) = b.get(i..i + 8).and_then(|c| <[u8; 8]>::try_from(c).ok()).and_then(eight_digits) {
+    while let Some(eight) = word_at(b, i).and_then(eight_digits) {
         v = v.wrapping_mul(100_000_000).wrapping_add(eight);
         i += 8;
     }
@@ -354,12 +344,12 @@ fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
     Ok((Scalar::Number(&b[start..i]), i))
 }
 
-/// The value of eight ASCII digits (SWAR), or None when one of the bytes is not a digit.
+/// The value of eight ASCII digits (a little-endian word, SWAR), or None when one of the
+/// bytes is not a digit.
 #[inline(always)]
-fn eight_digits(bytes: [u8; 8]) -> Option<u64> {
+fn eight_digits(x: u64) -> Option<u64> {
     const HIGH: u64 = 0xF0F0_F0F0_F0F0_F0F0;
     const ZEROS: u64 = 0x3030_3030_3030_3030;
-    let x = u64::from_le_bytes(bytes);
     // Every byte is 0x30..=0x39: its high nibble is 3, and adding 6 does not carry out of it.
     if x & HIGH != ZEROS || x.wrapping_add(0x0606_0606_0606_0606) & HIGH != ZEROS {
         return None;

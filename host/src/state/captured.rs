@@ -56,7 +56,7 @@ impl CapturedSlots {
         CapturedSlots { slots: Vec::with_capacity(slots), ..Default::default() }
     }
 
-    /// Capture a slot whose key is (by id) in the key table copied at the start.
+    /// Capture a slot whose key is (by id) in the key table taken at the start.
     #[inline]
     pub fn push(&mut self, key: u32, id: i64, window: Window, acc: &[u8]) {
         self.slots.push(CapturedSlot { id, window, key, acc_len: acc.len() as u32 });

@@ -384,6 +384,20 @@ struct Entry {
     slot: Slot,
 }
 
+impl Entry {
+    #[inline]
+    fn holds(&self, key: u32, id: i64) -> bool {
+        self.live && self.key == key && self.id == id
+    }
+}
+
+/// The index's hash of the slot at `h`.
+#[inline]
+fn hash_at(hasher: &foldhash::fast::RandomState, slab: &[Entry], h: u32) -> u64 {
+    let e = &slab[h as usize];
+    hasher.hash_one((e.key, e.id))
+}
+
 /// Accumulators by (key id, slot id), and the timers that fire and clean them up. The
 /// slot id is the window start (tumbling), the pane start (sliding) or a session number.
 ///
@@ -415,13 +429,7 @@ impl WindowState {
     #[inline]
     pub fn handle(&self, key: u32, id: i64) -> Option<SlotHandle> {
         let hash = self.hasher.hash_one((key, id));
-        let slab = &self.slab;
-        self.index
-            .find(hash, |&h| {
-                let e = &slab[h as usize];
-                e.key == key && e.id == id
-            })
-            .copied()
+        self.index.find(hash, |&h| self.slab[h as usize].holds(key, id)).copied()
     }
 
     #[inline]
@@ -429,13 +437,20 @@ impl WindowState {
         self.handle(key, id).map(|h| &self.slab[h as usize].slot)
     }
 
-    /// Slot `(key, id)` through its handle `h`, when `h` still holds it; else looked up.
+    /// The handle of slot `(key, id)`: `h` while it still holds that slot, else looked up
+    /// (a handle goes stale when its slot is removed and its place reused).
+    #[inline]
+    fn checked(&self, h: SlotHandle, key: u32, id: i64) -> Option<SlotHandle> {
+        match self.slab.get(h as usize) {
+            Some(e) if e.holds(key, id) => Some(h),
+            _ => self.handle(key, id),
+        }
+    }
+
+    /// Slot `(key, id)` through its handle `h` (see [`Self::checked`]).
     #[inline]
     pub fn slot_at(&self, h: SlotHandle, key: u32, id: i64) -> Option<&Slot> {
-        match self.slab.get(h as usize) {
-            Some(e) if e.live && e.key == key && e.id == id => Some(&e.slot),
-            _ => self.slot(key, id),
-        }
+        self.checked(h, key, id).map(|h| &self.slab[h as usize].slot)
     }
 
     /// The accumulator of a slot (empty = fresh or absent).
@@ -475,10 +490,7 @@ impl WindowState {
         };
         let hash = self.hasher.hash_one((key, id));
         let (slab, hasher) = (&self.slab, &self.hasher);
-        self.index.insert_unique(hash, h, |&i| {
-            let e = &slab[i as usize];
-            hasher.hash_one((e.key, e.id))
-        });
+        self.index.insert_unique(hash, h, |&i| hash_at(hasher, slab, i));
         self.count_slot(key);
         if let Some(d) = &mut self.dirty {
             d.insert((key, id));
@@ -502,10 +514,7 @@ impl WindowState {
     /// Room for `n` more slots.
     pub fn reserve(&mut self, n: usize) {
         let (slab, hasher) = (&self.slab, &self.hasher);
-        self.index.reserve(n, |&i| {
-            let e = &slab[i as usize];
-            hasher.hash_one((e.key, e.id))
-        });
+        self.index.reserve(n, |&i| hash_at(hasher, slab, i));
         self.slab.reserve(n.saturating_sub(self.vacant.len()));
     }
 
@@ -529,12 +538,11 @@ impl WindowState {
         }
     }
 
-    /// [`Self::set_acc`] through the slot's handle (see [`Self::slot_at`]).
+    /// [`Self::set_acc`] through the slot's handle (see [`Self::checked`]).
     #[inline]
     pub fn set_acc_at(&mut self, h: SlotHandle, key: u32, id: i64, acc: &[u8]) {
-        match self.slab.get(h as usize) {
-            Some(e) if e.live && e.key == key && e.id == id => self.write_acc(h, acc),
-            _ => self.set_acc(key, id, acc),
+        if let Some(h) = self.checked(h, key, id) {
+            self.write_acc(h, acc);
         }
     }
 
@@ -582,10 +590,7 @@ impl WindowState {
     pub fn remove(&mut self, key: u32, id: i64) -> Option<(Slot, bool)> {
         let hash = self.hasher.hash_one((key, id));
         let slab = &self.slab;
-        let found = self.index.find_entry(hash, |&h| {
-            let e = &slab[h as usize];
-            e.key == key && e.id == id
-        });
+        let found = self.index.find_entry(hash, |&h| slab[h as usize].holds(key, id));
         let Ok(found) = found else { return None };
         let (h, _) = found.remove();
         let e = &mut self.slab[h as usize];

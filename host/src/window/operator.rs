@@ -727,11 +727,7 @@ impl WindowOperator {
         let dirty = self.state.take_dirty();
         let puts = if dirty.len() * 2 >= self.state.len() {
             // Most slots changed: all of them, in the table's order, with the key table.
-            let mut puts = CapturedSlots::new(&self.keys, self.state.len(), self.state.acc_bytes());
-            for (k, id, s) in self.state.iter() {
-                puts.push(k, id, s.window, &s.acc);
-            }
-            puts
+            self.all_slots()
         } else {
             let mut puts = CapturedSlots::few(dirty.len());
             for (k, id) in dirty {
@@ -1206,11 +1202,16 @@ impl WindowOperator {
             self.flush(None)?;
         }
         self.drop_doomed();
+        Ok(Capture { slots: self.all_slots(), rows: self.saved_rows(), counters: self.counters.clone() })
+    }
+
+    /// Every open slot, in the state's order, with the key table they refer to.
+    fn all_slots(&self) -> CapturedSlots {
         let mut slots = CapturedSlots::new(&self.keys, self.state.len(), self.state.acc_bytes());
         for (k, id, s) in self.state.iter() {
             slots.push(k, id, s.window, &s.acc);
         }
-        Ok(Capture { slots, rows: self.saved_rows(), counters: self.counters.clone() })
+        slots
     }
 
     /// Rows an ordered plugin holds, for checkpoints: those handed over (held until their

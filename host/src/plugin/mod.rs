@@ -123,6 +123,10 @@ impl PluginRuntime {
         config.concurrency_support(false);
         // Runaway plugins are stopped at an epoch deadline (cheaper than fuel).
         config.epoch_interruption(true);
+        // `KM0_PERF_MAP=1`: name the plugins' compiled functions for `perf` (/tmp/perf-<pid>.map).
+        if std::env::var_os("KM0_PERF_MAP").is_some_and(|v| v == "1") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let engine = Engine::new(&config).map_err(|e| runtime_error(format!("wasmtime engine: {e:#}")))?;
         let mut linker = Linker::new(&engine);
         sandbox::link(&mut linker).map_err(|e| runtime_error(format!("linking WASI: {e:#}")))?;

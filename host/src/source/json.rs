@@ -401,6 +401,19 @@ fn scalar(b: &[u8], i: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
     }
 }
 
+/// True when `b` is one JSON object, then nothing but spaces, with no byte below 0x20
+/// (no raw control character in a string, no tab or line break) and nesting within half
+/// of [`MAX_DEPTH`]: a subset of what serde_json accepts, checked at this scanner's speed.
+pub fn is_compact_object(b: &[u8]) -> bool {
+    if b.first() != Some(&b'{') || b.iter().any(|&c| c < 0x20) {
+        return false;
+    }
+    match skip_value(b, 0, MAX_DEPTH / 2) {
+        Ok(end) => b[end..].iter().all(|&c| c == b' '),
+        Err(_) => false,
+    }
+}
+
 /// Validate and skip the value at `i`; returns the index after it.
 fn skip_value(b: &[u8], mut i: usize, depth: usize) -> Result<usize, DecodeError> {
     if depth > MAX_DEPTH {
@@ -641,6 +654,44 @@ mod tests {
         }
         let deep = format!("{{\"b\": {}{}}}", "[".repeat(MAX_DEPTH + 5), "]".repeat(MAX_DEPTH + 5));
         assert!(scan(&p, &deep).unwrap_err().message.contains("deep"));
+    }
+
+    #[test]
+    fn a_compact_object_is_one_serde_json_accepts() {
+        // Independent reference: serde_json. What is_compact_object accepts, serde_json
+        // must accept; these plain results must be accepted.
+        let yes = [
+            r#"{"ventana_inicio":1757844000000,"producto":"queso","stock_minimo":-3,"x":1.5e-3}"#,
+            r#"{}"#,
+            r#"{"a":{"b":[1,[],{}]},"s":"q\"\\\u00e9 é"}  "#,
+            r#"{"t":true,"f":false,"n":null}"#,
+        ];
+        for v in yes {
+            assert!(is_compact_object(v.as_bytes()), "refused {v}");
+            assert!(serde_json::from_str::<serde::de::IgnoredAny>(v).is_ok(), "{v}");
+        }
+        let deep = |n: usize| format!("{{\"a\":{}{}}}", "[".repeat(n), "]".repeat(n));
+        let no = [
+            " {}".to_string(),
+            "{}\n".to_string(),
+            "{\"a\":\"tab\there\"}".to_string(),
+            "{\"a\":1}x".to_string(),
+            "{\"a\":01}".to_string(),
+            "{\"a\":\"\\x\"}".to_string(),
+            "[1]".to_string(),
+            "{\"a\":1,}".to_string(),
+            deep(MAX_DEPTH / 2 + 1),
+        ];
+        for v in &no {
+            assert!(!is_compact_object(v.as_bytes()), "accepted {v:?}");
+        }
+        // Raw control characters inside strings: serde_json refuses them, so must this.
+        for c in 0u8..0x20 {
+            let v = format!("{{\"a\":\"x{}y\"}}", c as char);
+            assert!(!is_compact_object(v.as_bytes()));
+            assert!(serde_json::from_str::<serde::de::IgnoredAny>(&v).is_err());
+        }
+        assert!(is_compact_object(deep(MAX_DEPTH / 2 - 1).as_bytes()));
     }
 
     #[test]

@@ -985,7 +985,22 @@ impl WindowOperator {
         // both the same accumulator. Windows that sort equal are then the same, so an
         // unstable sort gives the same order.
         match self.keys.ranks(windows.len()) {
-            Some(rank) => windows.sort_unstable_by_key(|w| (w.1.end, w.1.start, rank[w.0 as usize])),
+            Some(rank) => {
+                // Sort small (end, start, rank, index) tuples, then move the windows once.
+                let mut order: Vec<(i64, i64, u32, u32)> = windows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| (w.1.end, w.1.start, rank[w.0 as usize], i as u32))
+                    .collect();
+                order.sort_unstable();
+                windows = order
+                    .iter()
+                    .map(|o| {
+                        let (k, w, acc) = &mut windows[o.3 as usize];
+                        (*k, *w, std::mem::take(acc))
+                    })
+                    .collect();
+            }
             None => {
                 let keys = &self.keys;
                 windows.sort_unstable_by(|a, b| {
@@ -1036,8 +1051,12 @@ impl WindowOperator {
 
     /// The key a window's results are written under: `[<aggregation>|]<start>|<key fields>`.
     fn result_key(&self, start: i64, k: u32) -> String {
-        let mut key = if self.prefixed { format!("{}|", self.name) } else { String::new() };
-        key.push_str(&start.to_string());
+        let mut key = String::with_capacity(self.name.len() + 24 + self.keys.encoded(k).len());
+        if self.prefixed {
+            key.push_str(&self.name);
+            key.push('|');
+        }
+        push_i64(&mut key, start);
         for f in self.keys.fields(k) {
             key.push('|');
             push_key_part(&mut key, f);
@@ -1173,6 +1192,11 @@ impl WindowOperator {
                 value.len()
             )));
         }
+        // Most values are one compact object: checked by the input's scanner (what it
+        // accepts, serde_json accepts); anything else takes serde_json's path below.
+        if crate::source::json::is_compact_object(value.as_bytes()) {
+            return Ok(value);
+        }
         if !value.trim_start().starts_with('{') {
             return Err(bad(format!("emitted a value that is not a JSON object: {value:.200}")));
         }
@@ -1288,13 +1312,43 @@ pub fn push_key_part(out: &mut String, field: &str) {
     }
 }
 
+/// Append `v` in decimal (what `to_string` gives), without a temporary string.
+fn push_i64(out: &mut String, v: i64) {
+    let mut digits = [0u8; 20];
+    let mut n = v.unsigned_abs();
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push('-');
+    }
+    for &d in &digits[at..] {
+        out.push(d as char);
+    }
+}
+
 fn parse_f64(raw: &[u8]) -> Option<f64> {
     std::str::from_utf8(raw).ok()?.parse().ok()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::push_key_part;
+    use super::{push_i64, push_key_part};
+
+    #[test]
+    fn window_starts_are_written_as_to_string_writes_them() {
+        for v in [0, 7, -7, 10, 1757844000000, -1757844000000, i64::MAX, i64::MIN, i64::MIN + 1] {
+            let mut s = String::from("x");
+            push_i64(&mut s, v);
+            assert_eq!(s, format!("x{v}"));
+        }
+    }
 
     fn key(fields: &[&str]) -> String {
         let mut k = "1757844000000".to_string();

@@ -63,9 +63,30 @@ fn encode_one<A: serde::Serialize>(acc: &A) -> Vec<u8> {
     postcard::to_allocvec(acc).expect("accumulator serializes")
 }
 
+/// Appends to a byte vector: one `extend_from_slice` per field, where postcard's `to_extend`
+/// goes through `Extend` a byte at a time.
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Append<'_> {
+    type Output = ();
+    #[inline]
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.0.push(byte);
+        Ok(())
+    }
+    #[inline]
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
 fn encode_into<A: serde::Serialize>(acc: &A, out: &mut wit::Packed) -> Result<(), String> {
-    let bytes = std::mem::take(&mut out.bytes);
-    out.bytes = postcard::to_extend(acc, bytes).map_err(|e| format!("encode accumulator: {e}"))?;
+    postcard::serialize_with_flavor(acc, Append(&mut out.bytes))
+        .map_err(|e| format!("encode accumulator: {e}"))?;
     out.ends.push(out.bytes.len() as u32);
     Ok(())
 }

@@ -96,6 +96,17 @@ pub struct Batch {
     row_time: Vec<i64>,
     staged: Vec<Staged>,
     // Reused between calls.
+    /// The group list and slots of the last call, kept for their capacity.
+    spare_groups: Vec<(u32, i64)>,
+    spare_slots: Vec<SlotHandle>,
+    /// Per staged group: its canonical group; its index in the call (or `u32::MAX`).
+    canon: Vec<u32>,
+    call_index: Vec<u32>,
+    /// Staged rows that stay for a later call; new numbers of the groups that stay.
+    kept: Vec<usize>,
+    renumber: Vec<u32>,
+    /// Returned by the last [`Batch::assemble`] and handed back ([`Batch::recycle`]).
+    spare_calls: Vec<(u32, i64)>,
     counts: Vec<u32>,
     order: Vec<u32>,
     /// Slot handles of the last assembled call's groups, in call order.
@@ -126,6 +137,13 @@ impl Batch {
             row_group: Vec::new(),
             row_time: Vec::new(),
             staged: fields.iter().map(|&t| Staged::new(t)).collect(),
+            spare_groups: Vec::new(),
+            spare_slots: Vec::new(),
+            canon: Vec::new(),
+            call_index: Vec::new(),
+            kept: Vec::new(),
+            renumber: Vec::new(),
+            spare_calls: Vec::new(),
             counts: Vec::new(),
             order: Vec::new(),
             call_slots: Vec::new(),
@@ -276,26 +294,30 @@ impl Batch {
         let n_groups = self.group_list.len();
         let n_rows = self.row_time.len();
         // Canonical group of every row; which canonical groups go into this call.
-        let canon: Vec<u32> = (0..n_groups as u32).map(|g| self.canonical(g)).collect();
+        let mut canon = std::mem::take(&mut self.canon);
+        canon.clear();
+        canon.extend((0..n_groups as u32).map(|g| self.canonical(g)));
         let window_of = |g: usize| -> Window {
             let (k, id) = self.group_list[g];
             state.slot_at(self.group_slot[g], k, id).map_or(Window { start: id, end: i64::MAX }, |s| s.window)
         };
-        let take: Vec<bool> = (0..n_groups)
-            .map(|g| canon[g] as usize == g && ready.is_none_or(|wm| window_of(g).end <= wm))
-            .collect();
         // Dense call index of every taken canonical group.
-        let mut call_index = vec![u32::MAX; n_groups];
-        let mut call_groups = Vec::new();
+        let mut call_index = std::mem::take(&mut self.call_index);
+        call_index.clear();
+        call_index.resize(n_groups, u32::MAX);
+        let mut call_groups = std::mem::take(&mut self.spare_calls);
+        call_groups.clear();
         self.call_slots.clear();
         for g in 0..n_groups {
-            if take[g] {
+            if canon[g] as usize == g && ready.is_none_or(|wm| window_of(g).end <= wm) {
                 call_index[g] = call_groups.len() as u32;
                 call_groups.push(self.group_list[g]);
                 self.call_slots.push(self.group_slot[g]);
             }
         }
         if call_groups.is_empty() {
+            self.canon = canon;
+            self.call_index = call_index;
             return call_groups;
         }
 
@@ -303,7 +325,8 @@ impl Batch {
         let n_call = call_groups.len();
         self.counts.clear();
         self.counts.resize(n_call + 1, 0);
-        let mut kept = Vec::new();
+        let mut kept = std::mem::take(&mut self.kept);
+        kept.clear();
         for (row, &g) in self.row_group.iter().enumerate() {
             match call_index[canon[g as usize] as usize] {
                 u32::MAX => kept.push(row),
@@ -376,18 +399,30 @@ impl Batch {
             }),
         );
         self.restage(&kept, &canon);
+        self.canon = canon;
+        self.call_index = call_index;
+        self.kept = kept;
         call_groups
+    }
+
+    /// Hand back what [`Batch::assemble`] returned, for its capacity.
+    pub fn recycle(&mut self, call_groups: Vec<(u32, i64)>) {
+        self.spare_calls = call_groups;
     }
 
     /// Keep only the rows `kept` (in arrival order), renumbering their groups; the
     /// columns are compacted in place.
     fn restage(&mut self, kept: &[usize], canon: &[u32]) {
         // New group numbers, in first-seen order of the kept rows.
-        let old_groups = std::mem::take(&mut self.group_list);
-        let old_slots = std::mem::take(&mut self.group_slot);
+        let old_groups = std::mem::replace(&mut self.group_list, std::mem::take(&mut self.spare_groups));
+        let old_slots = std::mem::replace(&mut self.group_slot, std::mem::take(&mut self.spare_slots));
+        self.group_list.clear();
+        self.group_slot.clear();
         self.index.clear();
         self.alias.clear();
-        let mut renumber = vec![u32::MAX; old_groups.len()];
+        let mut renumber = std::mem::take(&mut self.renumber);
+        renumber.clear();
+        renumber.resize(old_groups.len(), u32::MAX);
         for (dst, &r) in kept.iter().enumerate() {
             let g = canon[self.row_group[r] as usize] as usize;
             if renumber[g] == u32::MAX {
@@ -401,6 +436,9 @@ impl Batch {
             self.row_group[dst] = renumber[g];
             self.row_time[dst] = self.row_time[r];
         }
+        self.spare_groups = old_groups;
+        self.spare_slots = old_slots;
+        self.renumber = renumber;
         self.row_group.truncate(kept.len());
         self.row_time.truncate(kept.len());
         for s in &mut self.staged {
@@ -413,15 +451,19 @@ impl Batch {
                     ends.clear();
                 }
                 Staged::Text { bytes, ends } => {
-                    let mut out = Vec::with_capacity(bytes.len());
-                    let mut new_ends = Vec::with_capacity(kept.len());
-                    for &r in kept {
+                    // In place: kept rows only move towards the front. `ends[r - 1]` is
+                    // read after `ends[..dst]` were rewritten only when `r == dst`, when
+                    // rows `..dst` were all kept and their ends did not change.
+                    let mut fill = 0usize;
+                    for (dst, &r) in kept.iter().enumerate() {
                         let s = if r == 0 { 0 } else { ends[r - 1] as usize };
-                        out.extend_from_slice(&bytes[s..ends[r] as usize]);
-                        new_ends.push(out.len() as u32);
+                        let e = ends[r] as usize;
+                        bytes.copy_within(s..e, fill);
+                        fill += e - s;
+                        ends[dst] = fill as u32;
                     }
-                    *bytes = out;
-                    *ends = new_ends;
+                    bytes.truncate(fill);
+                    ends.truncate(kept.len());
                 }
             }
         }
@@ -589,10 +631,17 @@ mod tests {
         state.open(a, 0, Window { start: 0, end: 10 });
         state.open(a, 10, Window { start: 10, end: 20 });
         state.open(b, 7, Window { start: 7, end: 9 });
-        let mut batch = Batch::new(&[FieldType::Int], 1, true);
-        for (key, id, t, v) in [(a, 10, 12, 1), (a, 0, 3, 2), (b, 8, 8, 3), (a, 10, 11, 4), (a, 0, 1, 5)] {
+        let mut batch = Batch::new(&[FieldType::Int, FieldType::Text], 1, true);
+        for (key, id, t, v, s) in [
+            (a, 10, 12, 1, "p"),
+            (a, 0, 3, 2, "qq"),
+            (b, 8, 8, 3, ""),
+            (a, 10, 11, 4, "rrr"),
+            (a, 0, 1, 5, "s"),
+        ] {
             batch.push_row(key, id, t);
             batch.push_int(0, v);
+            batch.push_text(1, s);
         }
         batch.relabel(b, 8, 7); // session 8 merged into session 7
         let groups = batch.assemble(&keys, &state, Some(10));
@@ -607,6 +656,9 @@ mod tests {
         let groups = batch.assemble(&keys, &state, Some(20));
         assert_eq!(groups, vec![(a, 10)]);
         assert_eq!(batch.events.event_time, vec![11, 12]);
+        // The kept rows' text moved to the front of the staged column.
+        let Column::Text(texts) = &batch.events.columns[1] else { panic!() };
+        assert_eq!((&texts.bytes[..], &texts.ends[..]), (&b"rrrp"[..], &[3, 4][..]));
         assert!(batch.is_empty());
     }
 }

@@ -15,7 +15,7 @@ use super::aggregator::Aggregator;
 use super::{Assigner, Window};
 use crate::pipeline::WindowSpec;
 use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, SlotRows, Value};
-use crate::plugin::{packed_item, FieldType, Groups, OnError, Packed, PluginIdentity};
+use crate::plugin::{packed_item, packed_push, FieldType, Groups, OnError, Packed, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
 use crate::state::{Acc, KeyTable, Slot, Timer, TimerKind, WindowState};
@@ -350,7 +350,7 @@ impl WindowOperator {
                 (FieldType::Int, Some(Scalar::Int(v))) => self.batch.push_int(col, v),
                 (FieldType::Float, Some(Scalar::Int(v))) => self.batch.push_float(col, v as f64),
                 (FieldType::Float, Some(Scalar::Number(raw))) => {
-                    self.batch.push_float(col, parse_f64(raw).unwrap_or(f64::NAN))
+                    self.batch.push_float(col, crate::source::json::number_f64(raw).unwrap_or(f64::NAN))
                 }
                 (FieldType::Boolean, Some(Scalar::Bool(b))) => self.batch.push_bool(col, b),
                 (FieldType::Text, Some(s)) => {
@@ -567,9 +567,11 @@ impl WindowOperator {
                 (true, false) => theirs,
                 (false, false) => {
                     let left = packed_of([&acc[..]].into_iter());
-                    match self.merge_pairs(&left, &packed_of([&theirs[..]].into_iter()))?.remove(0) {
-                        Ok(m) => m,
-                        Err(reason) => {
+                    let (merged, mut faults) =
+                        self.merge_pairs(&left, &packed_of([&theirs[..]].into_iter()))?;
+                    match faults.swap_remove(0) {
+                        None => packed_item(&merged, 0).to_vec(),
+                        Some(reason) => {
                             // The merged-away session's accumulator cannot be folded in:
                             // its result goes to the dead letters with the reason.
                             let key_text = self.key_text(key);
@@ -785,6 +787,7 @@ impl WindowOperator {
         let ready = if self.batch.ordered() { Some(ready.unwrap_or(i64::MAX)) } else { None };
         let groups = self.batch.assemble(&self.keys, &self.state, ready);
         if groups.is_empty() {
+            self.batch.recycle(groups);
             return Ok(());
         }
         let accs = match self.plugin.add(&self.batch.groups, &self.batch.events) {
@@ -799,6 +802,7 @@ impl WindowOperator {
             self.hold(i, key, id);
             self.state.set_acc_at(self.batch.call_slots[i], key, id, packed_item(&accs, i));
         }
+        self.batch.recycle(groups);
         Ok(())
     }
 
@@ -1105,29 +1109,42 @@ impl WindowOperator {
         slide: i64,
     ) -> Result<Vec<(u32, Window, Acc)>> {
         let mut windows = Vec::with_capacity(fires.len());
-        let mut panes: Vec<Vec<i64>> = Vec::with_capacity(fires.len());
+        // The open panes of window `w`: `pane_ids[pane_at[w]..pane_at[w + 1]]`.
+        let mut pane_ids: Vec<i64> = Vec::with_capacity(fires.len() * (size / slide) as usize);
+        let mut pane_at: Vec<usize> = Vec::with_capacity(fires.len() + 1);
+        pane_at.push(0);
         for &(k, end) in fires {
             let start = end - size;
-            let ids: Vec<i64> = (0..size / slide)
-                .map(|i| start + i * slide)
-                .filter(|&p| self.state.slot(k, p).is_some())
-                .collect();
-            if let Some(&first) = ids.first() {
-                windows.push((k, Window { start, end }, Acc::from_slice(self.state.acc(k, first))));
-                panes.push(ids);
+            let first = pane_ids.len();
+            pane_ids.extend(
+                (0..size / slide).map(|i| start + i * slide).filter(|&p| self.state.slot(k, p).is_some()),
+            );
+            match pane_ids.get(first) {
+                Some(&p) => {
+                    windows.push((k, Window { start, end }, Acc::from_slice(self.state.acc(k, p))));
+                    pane_at.push(pane_ids.len());
+                }
+                None => pane_ids.truncate(first),
             }
         }
-        let rounds = panes.iter().map(Vec::len).max().unwrap_or(0);
+        let panes = |w: usize| &pane_ids[pane_at[w]..pane_at[w + 1]];
+        let rounds = (0..windows.len()).map(|w| panes(w).len()).max().unwrap_or(0);
         let mut failed: Vec<Option<String>> = vec![None; windows.len()];
         for r in 1..rounds {
             let todo: Vec<usize> =
-                (0..windows.len()).filter(|&w| panes[w].len() > r && failed[w].is_none()).collect();
+                (0..windows.len()).filter(|&w| panes(w).len() > r && failed[w].is_none()).collect();
             let left = packed_of(todo.iter().map(|&w| windows[w].2.as_slice()));
-            let right = packed_of(todo.iter().map(|&w| self.state.acc(windows[w].0, panes[w][r])));
-            for (merged, &w) in self.merge_pairs(&left, &right)?.into_iter().zip(&todo) {
-                match merged {
-                    Ok(acc) => windows[w].2 = Acc::from_vec(acc),
-                    Err(reason) => failed[w] = Some(reason),
+            let right = packed_of(todo.iter().map(|&w| self.state.acc(windows[w].0, panes(w)[r])));
+            let (merged, faults) = self.merge_pairs(&left, &right)?;
+            for (i, &w) in todo.iter().enumerate() {
+                match &faults[i] {
+                    None => {
+                        // Into the accumulator's own buffer: no allocation once it is large enough.
+                        let acc = &mut windows[w].2;
+                        acc.clear();
+                        acc.extend_from_slice(packed_item(&merged, i));
+                    }
+                    Some(reason) => failed[w] = Some(reason.clone()),
                 }
             }
         }
@@ -1145,35 +1162,38 @@ impl WindowOperator {
         Ok(kept)
     }
 
-    /// Merge pairwise in one call; after a fault (with `on_error = "dead_letter"`), a fresh
-    /// instance and one call per pair, so that only the pairs that fail again fail.
-    fn merge_pairs(
-        &mut self,
-        left: &Packed,
-        right: &Packed,
-    ) -> Result<Vec<std::result::Result<Vec<u8>, String>>> {
+    /// Merge pairwise in one call: the merged accumulators, and per pair the fault that
+    /// kept it from merging (its merged item is then empty). After a fault (with
+    /// `on_error = "dead_letter"`), a fresh instance and one call per pair, so that only the
+    /// pairs that fail again fail.
+    fn merge_pairs(&mut self, left: &Packed, right: &Packed) -> Result<(Packed, Vec<Option<String>>)> {
         let n = left.ends.len();
         match self.plugin.merge(left, right) {
-            Ok(m) => Ok((0..n).map(|i| Ok(packed_item(&m, i).to_vec())).collect()),
+            Ok(m) => Ok((m, vec![None; n])),
             Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
                 tracing::warn!(error = %e, "plugin fault in merge: isolating the pairs");
                 self.plugin.reset()?;
-                let mut out = Vec::with_capacity(n);
+                let mut merged = packed_of(std::iter::empty());
+                let mut faults = Vec::with_capacity(n);
                 for i in 0..n {
                     let (l, r) = (
                         packed_of([packed_item(left, i)].into_iter()),
                         packed_of([packed_item(right, i)].into_iter()),
                     );
                     match self.plugin.merge(&l, &r) {
-                        Ok(m) => out.push(Ok(packed_item(&m, 0).to_vec())),
+                        Ok(m) => {
+                            packed_push(&mut merged, packed_item(&m, 0));
+                            faults.push(None);
+                        }
                         Err(e @ Error::PluginCall { .. }) => {
                             self.plugin.reset()?;
-                            out.push(Err(e.to_string()));
+                            packed_push(&mut merged, &[]);
+                            faults.push(Some(e.to_string()));
                         }
                         Err(e) => return Err(e),
                     }
                 }
-                Ok(out)
+                Ok((merged, faults))
             }
             Err(e) => Err(e),
         }
@@ -1331,10 +1351,6 @@ fn push_i64(out: &mut String, v: i64) {
     for &d in &digits[at..] {
         out.push(d as char);
     }
-}
-
-fn parse_f64(raw: &[u8]) -> Option<f64> {
-    std::str::from_utf8(raw).ok()?.parse().ok()
 }
 
 #[cfg(test)]

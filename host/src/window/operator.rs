@@ -157,6 +157,8 @@ pub struct WindowOperator {
     sessions: FastMap<u32, Vec<SessionRef>>,
     next_session: i64,
     fire_groups: Groups,
+    /// Scratch of [`place_by_rank`]: window index by key rank.
+    by_rank: Vec<u32>,
     counters: OperatorCounters,
     /// Slots removed since the last checkpoint (encoded key, slot id), when a backend
     /// keeps an incremental copy.
@@ -208,6 +210,7 @@ impl WindowOperator {
             sessions: FastMap::default(),
             next_session: 0,
             fire_groups: empty_groups(key_arity as u32),
+            by_rank: Vec::new(),
             counters: OperatorCounters::default(),
             removed: None,
             on_error: OnError::default(),
@@ -989,7 +992,7 @@ impl WindowOperator {
         // both the same accumulator. Windows that sort equal are then the same, so an
         // unstable sort gives the same order.
         match self.keys.ranks(windows.len()) {
-            Some(rank) => {
+            Some(rank) if !place_by_rank(&mut windows, rank, &mut self.by_rank) => {
                 // Sort small (end, start, rank, index) tuples, then move the windows once.
                 let mut order: Vec<(i64, i64, u32, u32)> = windows
                     .iter()
@@ -1005,6 +1008,7 @@ impl WindowOperator {
                     })
                     .collect();
             }
+            Some(_) => {}
             None => {
                 let keys = &self.keys;
                 windows.sort_unstable_by(|a, b| {
@@ -1332,6 +1336,34 @@ pub fn push_key_part(out: &mut String, field: &str) {
     }
 }
 
+/// Windows that fire together mostly share one window (a tumbling window's end reached
+/// by every key): then they go in key order by placing each at its key's rank, in time
+/// linear in the keys, when there are not many more keys than windows. False (nothing
+/// moved) when that does not apply: several windows, a key twice, too many keys.
+fn place_by_rank(windows: &mut Vec<(u32, Window, Acc)>, rank: &[u32], by_rank: &mut Vec<u32>) -> bool {
+    let Some(&(_, first, _)) = windows.first() else { return true };
+    if rank.len() > 8 * windows.len() + 4096 || windows.iter().any(|w| w.1 != first) {
+        return false;
+    }
+    by_rank.clear();
+    by_rank.resize(rank.len(), u32::MAX);
+    for (i, w) in windows.iter().enumerate() {
+        match rank.get(w.0 as usize).and_then(|&r| by_rank.get_mut(r as usize)) {
+            Some(at) if *at == u32::MAX => *at = i as u32,
+            _ => return false,
+        }
+    }
+    *windows = by_rank
+        .iter()
+        .filter(|&&i| i != u32::MAX)
+        .map(|&i| {
+            let (k, w, acc) = &mut windows[i as usize];
+            (*k, *w, std::mem::take(acc))
+        })
+        .collect();
+    true
+}
+
 /// Append `v` in decimal (what `to_string` gives), without a temporary string.
 fn push_i64(out: &mut String, v: i64) {
     let mut digits = [0u8; 20];
@@ -1356,6 +1388,29 @@ fn push_i64(out: &mut String, v: i64) {
 #[cfg(test)]
 mod tests {
     use super::{push_i64, push_key_part};
+
+    #[test]
+    fn windows_placed_by_rank_come_out_in_rank_order_or_are_left_alone() {
+        use super::{place_by_rank, Acc, Window};
+        let w = Window { start: 0, end: 10 };
+        // Key id -> rank (ids 1 and 3 are not live: u32::MAX).
+        let rank = [2, u32::MAX, 0, u32::MAX, 1];
+        let mut scratch = Vec::new();
+        let mut windows: Vec<(u32, Window, Acc)> =
+            [0u32, 4, 2].iter().map(|&k| (k, w, Acc::from_slice(&[k as u8]))).collect();
+        assert!(place_by_rank(&mut windows, &rank, &mut scratch));
+        let order: Vec<(u32, u8)> = windows.iter().map(|x| (x.0, x.2[0])).collect();
+        assert_eq!(order, vec![(2, 2), (4, 4), (0, 0)]);
+        // A key twice, two different windows, a key without a rank: nothing moves.
+        for keys in [vec![(0u32, w), (0, w)], vec![(0, w), (2, Window { start: 10, end: 20 })], vec![(1, w)]]
+        {
+            let mut windows: Vec<(u32, Window, Acc)> =
+                keys.iter().map(|&(k, w)| (k, w, Acc::new())).collect();
+            let before: Vec<(u32, Window)> = windows.iter().map(|x| (x.0, x.1)).collect();
+            assert!(!place_by_rank(&mut windows, &rank, &mut scratch));
+            assert_eq!(windows.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(), before);
+        }
+    }
 
     #[test]
     fn window_starts_are_written_as_to_string_writes_them() {

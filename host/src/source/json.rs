@@ -85,7 +85,29 @@ pub struct Projection {
     names: Vec<Box<[u8]>>,
     /// The first eight bytes of every name ([`head`]), compared first.
     heads: Vec<u64>,
+    /// The layout of the last record scanned in full, to check the next one against.
+    shape: Shape,
 }
+
+/// A record layout: the exact bytes before each top-level value (`{"tipo": `, then
+/// `, "producto": `, ...) with the projection slot of that field, and the bytes after the
+/// last value (`}`). Records of one stream mostly share it: a record whose bytes between
+/// values are these is scanned by comparing them, and only its values are parsed. Where
+/// the bytes are the same, the full scan would see the same names, in the same order, so
+/// it would fill the same slots with the same values and fail on the same value errors.
+#[derive(Default)]
+struct Shape {
+    /// Separators, back to back.
+    bytes: Vec<u8>,
+    /// Per field: the end of its separator in `bytes`, and its slot.
+    fields: Vec<(u32, Option<u32>)>,
+    /// Whether `bytes` and `fields` hold a layout (the last full scan succeeded).
+    known: bool,
+}
+
+/// Most fields and separator bytes a [`Shape`] keeps (larger records are scanned in full).
+const SHAPE_FIELDS: usize = 64;
+const SHAPE_BYTES: usize = 4096;
 
 /// The eight bytes at `i` as a little-endian word (one load), when `b` has them.
 #[inline(always)]
@@ -110,7 +132,7 @@ impl Projection {
     pub fn new<S: AsRef<str>>(names: &[S]) -> Projection {
         let names: Vec<Box<[u8]>> = names.iter().map(|n| n.as_ref().as_bytes().into()).collect();
         let heads = names.iter().map(|n| head(n, 0, n.len())).collect();
-        Projection { names, heads }
+        Projection { names, heads, shape: Shape::default() }
     }
 
     pub fn len(&self) -> usize {
@@ -125,9 +147,21 @@ impl Projection {
     /// occurrence wins when a key repeats).
     ///
     /// Written as free functions over `(bytes, index)` so the cursor stays in a register.
-    pub fn scan<'a>(&self, b: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Result<(), DecodeError> {
+    pub fn scan<'a>(&mut self, b: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Result<(), DecodeError> {
         debug_assert_eq!(out.len(), self.names.len());
         out.iter_mut().for_each(|s| *s = None);
+        if self.shape.known {
+            match self.scan_shaped(b, out) {
+                Some(done) => return done,
+                None => out.iter_mut().for_each(|s| *s = None),
+            }
+        }
+        self.shape.known = false;
+        self.shape.bytes.clear();
+        self.shape.fields.clear();
+        let mut learn = true;
+        // End of the last value (where the next separator starts).
+        let mut after_value = 0usize;
         let mut i = ws(b, 0);
         if b.get(i) != Some(&b'{') {
             return Err(fail(b, i, "not a JSON object"));
@@ -147,7 +181,15 @@ impl Projection {
                     return Err(fail(b, i, "expected ':' after a field name"));
                 }
                 i = ws(b, i + 1);
-                match self.slot_of(key, key_head, escaped)? {
+                let slot = self.slot_of(key, key_head, escaped)?;
+                learn = learn
+                    && self.shape.fields.len() < SHAPE_FIELDS
+                    && self.shape.bytes.len() + (i - after_value) <= SHAPE_BYTES;
+                if learn {
+                    self.shape.bytes.extend_from_slice(&b[after_value..i]);
+                    self.shape.fields.push((self.shape.bytes.len() as u32, slot.map(|s| s as u32)));
+                }
+                match slot {
                     Some(slot) => {
                         let (v, next) = scalar(b, i)?;
                         out[slot] = Some(v);
@@ -155,6 +197,7 @@ impl Projection {
                     }
                     None => i = skip_value(b, i, 0)?,
                 }
+                after_value = i;
                 i = ws(b, i);
                 match b.get(i) {
                     Some(b',') => i = ws(b, i + 1),
@@ -170,7 +213,50 @@ impl Projection {
         if i != b.len() {
             return Err(fail(b, i, "unexpected bytes after the JSON object"));
         }
+        if learn && self.shape.bytes.len() + (b.len() - after_value) <= SHAPE_BYTES {
+            // The tail: from the end of the last value (the start, for `{}`) to the end.
+            self.shape.bytes.extend_from_slice(&b[after_value..]);
+            self.shape.known = true;
+        }
         Ok(())
+    }
+
+    /// Scan `b` as a record of the last full scan's [`Shape`]: Some(the outcome) when
+    /// every separator matches (a value error is then the full scan's error), None when
+    /// the layout differs (nothing is known about `b` then).
+    #[inline]
+    fn scan_shaped<'a>(
+        &self,
+        b: &'a [u8],
+        out: &mut [Option<Scalar<'a>>],
+    ) -> Option<Result<(), DecodeError>> {
+        let shape = &self.shape;
+        let (mut i, mut from) = (0usize, 0usize);
+        for &(to, slot) in &shape.fields {
+            let sep = &shape.bytes[from..to as usize];
+            if !b.get(i..i + sep.len()).is_some_and(|at| short_eq(at, sep)) {
+                return None;
+            }
+            i += sep.len();
+            from = to as usize;
+            // More whitespace before the value than the layout had: another layout.
+            if matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+                return None;
+            }
+            let next = match slot {
+                Some(slot) => scalar(b, i).map(|(v, next)| {
+                    out[slot as usize] = Some(v);
+                    next
+                }),
+                None => skip_value(b, i, 0),
+            };
+            match next {
+                Ok(next) => i = next,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        let tail = &shape.bytes[from..];
+        (b.len() - i == tail.len() && short_eq(&b[i..], tail)).then_some(Ok(()))
     }
 
     /// The slot of field name `key` (its [`head`] is `key_head`), if projected.
@@ -569,16 +655,16 @@ pub fn unescape(raw: &[u8]) -> Result<String, DecodeError> {
 mod tests {
     use super::*;
 
-    fn scan<'a>(p: &Projection, s: &'a str) -> Result<Vec<Option<Scalar<'a>>>, DecodeError> {
+    fn scan<'a>(p: &mut Projection, s: &'a str) -> Result<Vec<Option<Scalar<'a>>>, DecodeError> {
         let mut out = vec![None; p.len()];
         p.scan(s.as_bytes(), &mut out).map(|_| out)
     }
 
     #[test]
     fn projects_fields_and_skips_the_rest() {
-        let p = Projection::new(&["fecha_ms", "producto", "stock_actual", "x"]);
+        let mut p = Projection::new(&["fecha_ms", "producto", "stock_actual", "x"]);
         let rec = r#"{"tipo": "stock.actualizado", "nested": {"a": [1, 2.5e3, {"b": null}], "s": "q\"}"}, "producto": "queso-curado", "stock_actual": -15, "fecha_ms": 1757844030000, "ok": true}"#;
-        let v = scan(&p, rec).unwrap();
+        let v = scan(&mut p, rec).unwrap();
         assert_eq!(v[0], Some(Scalar::Int(1757844030000)));
         assert_eq!(v[1].unwrap().as_str().unwrap().unwrap(), "queso-curado");
         assert_eq!(v[2], Some(Scalar::Int(-15)));
@@ -619,14 +705,14 @@ mod tests {
 
     #[test]
     fn integers_of_every_length_read_as_the_standard_parser_reads_them() {
-        let p = Projection::new(&["n"]);
+        let mut p = Projection::new(&["n"]);
         let mut digits = String::new();
         for (i, d) in "1234567890987654321".chars().chain("0".chars()).enumerate() {
             digits.push(d);
             for sign in ["", "-"] {
                 let text = format!("{sign}{digits}");
                 let rec = format!("{{\"n\": {text}, \"x\": 1}}");
-                let got = scan(&p, &rec).unwrap();
+                let got = scan(&mut p, &rec).unwrap();
                 match text.parse::<i64>() {
                     Ok(v) => assert_eq!(got[0], Some(Scalar::Int(v)), "{text} ({} digits)", i + 1),
                     Err(_) => assert_eq!(got[0], Some(Scalar::Number(text.as_bytes())), "{text}"),
@@ -635,21 +721,21 @@ mod tests {
         }
         // A digit run broken by another byte inside an eight-byte word.
         for bad in ["{\"n\": 1234:678}", "{\"n\": 12345678a}", "{\"n\": 0123456789}"] {
-            assert!(scan(&p, bad).is_err(), "{bad}");
+            assert!(scan(&mut p, bad).is_err(), "{bad}");
         }
-        let got = scan(&p, "{\"n\": 1234567.5}").unwrap();
+        let got = scan(&mut p, "{\"n\": 1234567.5}").unwrap();
         assert_eq!(got[0], Some(Scalar::Number(b"1234567.5")));
     }
 
     #[test]
     fn every_number_the_scan_yields_parses_as_a_float() {
         // The window operator relies on it: a float field is not parsed to be checked.
-        let p = Projection::new(&["n"]);
+        let mut p = Projection::new(&["n"]);
         for text in
             ["-0", "0.5", "-12.25e-3", "1E+2", "1e999", "-1e-999", "123456789012345678901234567890", "0e0"]
         {
             let rec = format!("{{\"n\": {text}}}");
-            let got = scan(&p, &rec).unwrap();
+            let got = scan(&mut p, &rec).unwrap();
             let raw = match got[0] {
                 Some(Scalar::Number(raw)) => raw,
                 Some(Scalar::Int(_)) => continue,
@@ -661,7 +747,7 @@ mod tests {
 
     #[test]
     fn numbers_that_are_not_integers() {
-        let p = Projection::new(&["t"]);
+        let mut p = Projection::new(&["t"]);
         for (rec, want) in [
             (r#"{"t": 1.5}"#, Scalar::Number(b"1.5")),
             (r#"{"t": 1e3}"#, Scalar::Number(b"1e3")),
@@ -669,22 +755,22 @@ mod tests {
             (r#"{"t": -9223372036854775808}"#, Scalar::Int(i64::MIN)),
             (r#"{"t": "12"}"#, Scalar::Str { raw: b"12", escaped: false }),
         ] {
-            assert_eq!(scan(&p, rec).unwrap()[0], Some(want), "{rec}");
+            assert_eq!(scan(&mut p, rec).unwrap()[0], Some(want), "{rec}");
         }
     }
 
     #[test]
     fn escapes_in_values_and_names() {
-        let p = Projection::new(&["producto", "año"]);
-        let v =
-            scan(&p, r#"{"producto": "queso \"curado\" \u00e9 \ud83d\ude00", "a\u00f1o": 2025}"#).unwrap();
+        let mut p = Projection::new(&["producto", "año"]);
+        let v = scan(&mut p, r#"{"producto": "queso \"curado\" \u00e9 \ud83d\ude00", "a\u00f1o": 2025}"#)
+            .unwrap();
         assert_eq!(v[0].unwrap().as_str().unwrap().unwrap(), "queso \"curado\" é 😀");
         assert_eq!(v[1], Some(Scalar::Int(2025)));
     }
 
     #[test]
     fn rejects_what_is_not_one_json_object() {
-        let p = Projection::new(&["a"]);
+        let mut p = Projection::new(&["a"]);
         for bad in [
             "not json",
             "[1,2]",
@@ -699,10 +785,78 @@ mod tests {
             "{\"a\": \"\\x\"}",
             "{\"a\": -}",
         ] {
-            assert!(scan(&p, bad).is_err(), "accepted {bad}");
+            assert!(scan(&mut p, bad).is_err(), "accepted {bad}");
         }
         let deep = format!("{{\"b\": {}{}}}", "[".repeat(MAX_DEPTH + 5), "]".repeat(MAX_DEPTH + 5));
-        assert!(scan(&p, &deep).unwrap_err().message.contains("deep"));
+        assert!(scan(&mut p, &deep).unwrap_err().message.contains("deep"));
+    }
+
+    #[test]
+    fn a_record_checked_against_the_last_layout_scans_as_in_full() {
+        // Reference: a projection that has seen nothing (its scan is the full one), and
+        // serde_json for whether the record is JSON at all. Every variant is scanned by a
+        // projection that learnt the layout of `base` first.
+        let names = ["producto", "stock_actual", "fecha_ms", "lat", "nested"];
+        let base = r#"{"tipo": "stock", "producto": "queso", "stock_actual": 7, "fecha_ms": 1757836800060, "lat": 40.25, "nested": {"a": [1]}, "x": null}"#;
+        let mut variants: Vec<Vec<u8>> = vec![
+            base.replace("queso", "vino-priorat-17").into(),
+            base.replace("\"stock_actual\": 7", "\"stock_actual\": \"7\"").into(),
+            base.replace(", \"x\": null", "").into(),
+            base.replace("null}", "null, \"producto\": \"again\"}").into(),
+            base.replace("\"producto\"", "\"pro\\u0064ucto\"").into(),
+            base.replace(": ", ":").into(),
+            format!("{base}  ").into(),
+            format!("{base}x").into(),
+            base.replace("1757836800060", "-0").into(),
+            base.replace("40.25", "4e").into(),
+            b"{}".to_vec(),
+        ];
+        let mut seed = 3u64;
+        let alphabet = b"{}[]\":, 0123456789.-eE\\tfnulqx";
+        for _ in 0..20_000 {
+            let mut v = base.as_bytes().to_vec();
+            for _ in 0..1 + seed % 3 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let at = (seed >> 8) as usize % (v.len() + 1);
+                let c = alphabet[(seed >> 40) as usize % alphabet.len()];
+                match seed % 3 {
+                    0 if at < v.len() => v[at] = c,
+                    1 if at < v.len() => drop(v.remove(at)),
+                    _ => v.insert(at, c),
+                }
+            }
+            variants.push(v);
+        }
+        let mut accepted = 0;
+        for v in &variants {
+            let mut warm = Projection::new(&names);
+            let mut out = vec![None; names.len()];
+            warm.scan(base.as_bytes(), &mut out).unwrap();
+            let got = warm.scan(v, &mut out).map(|_| out.clone());
+            let mut cold = Projection::new(&names);
+            let mut want = vec![None; names.len()];
+            let want = cold.scan(v, &mut want).map(|_| want);
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(v));
+            if let Ok(text) = std::str::from_utf8(v) {
+                assert_eq!(
+                    got.is_ok(),
+                    text.trim_start().starts_with('{')
+                        && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok(),
+                    "{text}"
+                );
+            }
+            accepted += got.is_ok() as usize;
+            // And the layout learnt from the variant, when it scanned, takes the base again.
+            let mut again = vec![None; names.len()];
+            let base_again = warm.scan(base.as_bytes(), &mut again).map(|_| again);
+            assert_eq!(
+                base_again,
+                cold.scan(base.as_bytes(), &mut vec![None; names.len()]).map(|_| base_again.clone().unwrap())
+            );
+        }
+        assert!(accepted > 1000, "the variants should not all be broken: {accepted}");
     }
 
     #[test]
@@ -796,7 +950,7 @@ mod tests {
     #[test]
     fn agrees_with_serde_json_on_generated_records() {
         // Independent reference: serde_json's full parser.
-        let p = Projection::new(&["k", "n", "f"]);
+        let mut p = Projection::new(&["k", "n", "f"]);
         let mut seed = 7u64;
         for _ in 0..2000 {
             seed ^= seed << 13;
@@ -805,7 +959,7 @@ mod tests {
             let n = (seed % 2_000_000) as i64 - 1_000_000;
             let k = format!("k{}\\n\\u0041", seed % 97);
             let rec = format!(r#"{{"z": [{{}}, []], "k": "{k}", "n": {n}, "f": {n}.25, "w": false}}"#);
-            let v = scan(&p, &rec).unwrap();
+            let v = scan(&mut p, &rec).unwrap();
             let full: serde_json::Value = serde_json::from_str(&rec).unwrap();
             assert_eq!(v[0].unwrap().as_str().unwrap().unwrap(), full["k"].as_str().unwrap());
             assert_eq!(v[1], Some(Scalar::Int(full["n"].as_i64().unwrap())));

@@ -248,7 +248,8 @@ impl Projection {
                     out[slot as usize] = Some(v);
                     next
                 }),
-                None => skip_value(b, i, 0),
+                // What skip_value(b, i, 0) does, with strings and numbers inline.
+                None => scalar(b, i).map(|(_, next)| next),
             };
             match next {
                 Ok(next) => i = next,

@@ -85,9 +85,19 @@ pub struct Projection {
     names: Vec<Box<[u8]>>,
     /// The first eight bytes of every name ([`head`]), compared first.
     heads: Vec<u64>,
-    /// The layout of the last record scanned in full, to check the next one against.
-    shape: Shape,
+    /// The layouts of the last records scanned in full (at most [`SHAPES`]), to check the
+    /// next one against: the last one matched first.
+    shapes: Vec<Shape>,
+    last: usize,
+    /// The next layout to replace when all are taken.
+    victim: usize,
+    /// Where a full scan writes the layout of its record.
+    learning: Shape,
 }
+
+/// Layouts kept: several producers of one stream (or the partitions of one topic) may
+/// each write their fields in their own order.
+const SHAPES: usize = 4;
 
 /// A record layout: the exact bytes before each top-level value (`{"tipo": `, then
 /// `, "producto": `, ...) with the projection slot of that field, and the bytes after the
@@ -101,13 +111,49 @@ struct Shape {
     bytes: Vec<u8>,
     /// Per field: the end of its separator in `bytes`, and its slot.
     fields: Vec<(u32, Option<u32>)>,
-    /// Whether `bytes` and `fields` hold a layout (the last full scan succeeded).
-    known: bool,
 }
 
 /// Most fields and separator bytes a [`Shape`] keeps (larger records are scanned in full).
 const SHAPE_FIELDS: usize = 64;
 const SHAPE_BYTES: usize = 4096;
+
+/// Scan `b` as a record of layout `shape`: Some(the outcome) when every separator
+/// matches (a value error is then the full scan's error), None when the layout differs
+/// (nothing is known about `b` then).
+#[inline]
+fn scan_shaped<'a>(
+    shape: &Shape,
+    b: &'a [u8],
+    out: &mut [Option<Scalar<'a>>],
+) -> Option<Result<(), DecodeError>> {
+    let (mut i, mut from) = (0usize, 0usize);
+    for &(to, slot) in &shape.fields {
+        let sep = &shape.bytes[from..to as usize];
+        if !b.get(i..i + sep.len()).is_some_and(|at| short_eq(at, sep)) {
+            return None;
+        }
+        i += sep.len();
+        from = to as usize;
+        // More whitespace before the value than the layout had: another layout.
+        if matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            return None;
+        }
+        let next = match slot {
+            Some(slot) => scalar(b, i).map(|(v, next)| {
+                out[slot as usize] = Some(v);
+                next
+            }),
+            // What skip_value(b, i, 0) does, with strings and numbers inline.
+            None => scalar(b, i).map(|(_, next)| next),
+        };
+        match next {
+            Ok(next) => i = next,
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    let tail = &shape.bytes[from..];
+    (b.len() - i == tail.len() && short_eq(&b[i..], tail)).then_some(Ok(()))
+}
 
 /// The eight bytes at `i` as a little-endian word (one load), when `b` has them.
 #[inline(always)]
@@ -132,7 +178,7 @@ impl Projection {
     pub fn new<S: AsRef<str>>(names: &[S]) -> Projection {
         let names: Vec<Box<[u8]>> = names.iter().map(|n| n.as_ref().as_bytes().into()).collect();
         let heads = names.iter().map(|n| head(n, 0, n.len())).collect();
-        Projection { names, heads, shape: Shape::default() }
+        Projection { names, heads, shapes: Vec::new(), last: 0, victim: 0, learning: Shape::default() }
     }
 
     pub fn len(&self) -> usize {
@@ -150,15 +196,19 @@ impl Projection {
     pub fn scan<'a>(&mut self, b: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Result<(), DecodeError> {
         debug_assert_eq!(out.len(), self.names.len());
         out.iter_mut().for_each(|s| *s = None);
-        if self.shape.known {
-            match self.scan_shaped(b, out) {
-                Some(done) => return done,
+        let n = self.shapes.len();
+        for k in 0..n {
+            let s = (self.last + k) % n;
+            match scan_shaped(&self.shapes[s], b, out) {
+                Some(done) => {
+                    self.last = s;
+                    return done;
+                }
                 None => out.iter_mut().for_each(|s| *s = None),
             }
         }
-        self.shape.known = false;
-        self.shape.bytes.clear();
-        self.shape.fields.clear();
+        self.learning.bytes.clear();
+        self.learning.fields.clear();
         let mut learn = true;
         // End of the last value (where the next separator starts).
         let mut after_value = 0usize;
@@ -182,12 +232,13 @@ impl Projection {
                 }
                 i = ws(b, i + 1);
                 let slot = self.slot_of(key, key_head, escaped)?;
+                let layout = &mut self.learning;
                 learn = learn
-                    && self.shape.fields.len() < SHAPE_FIELDS
-                    && self.shape.bytes.len() + (i - after_value) <= SHAPE_BYTES;
+                    && layout.fields.len() < SHAPE_FIELDS
+                    && layout.bytes.len() + (i - after_value) <= SHAPE_BYTES;
                 if learn {
-                    self.shape.bytes.extend_from_slice(&b[after_value..i]);
-                    self.shape.fields.push((self.shape.bytes.len() as u32, slot.map(|s| s as u32)));
+                    layout.bytes.extend_from_slice(&b[after_value..i]);
+                    layout.fields.push((layout.bytes.len() as u32, slot.map(|s| s as u32)));
                 }
                 match slot {
                     Some(slot) => {
@@ -213,51 +264,24 @@ impl Projection {
         if i != b.len() {
             return Err(fail(b, i, "unexpected bytes after the JSON object"));
         }
-        if learn && self.shape.bytes.len() + (b.len() - after_value) <= SHAPE_BYTES {
+        if learn && self.learning.bytes.len() + (b.len() - after_value) <= SHAPE_BYTES {
             // The tail: from the end of the last value (the start, for `{}`) to the end.
-            self.shape.bytes.extend_from_slice(&b[after_value..]);
-            self.shape.known = true;
+            self.learning.bytes.extend_from_slice(&b[after_value..]);
+            self.keep_layout();
         }
         Ok(())
     }
 
-    /// Scan `b` as a record of the last full scan's [`Shape`]: Some(the outcome) when
-    /// every separator matches (a value error is then the full scan's error), None when
-    /// the layout differs (nothing is known about `b` then).
-    #[inline]
-    fn scan_shaped<'a>(
-        &self,
-        b: &'a [u8],
-        out: &mut [Option<Scalar<'a>>],
-    ) -> Option<Result<(), DecodeError>> {
-        let shape = &self.shape;
-        let (mut i, mut from) = (0usize, 0usize);
-        for &(to, slot) in &shape.fields {
-            let sep = &shape.bytes[from..to as usize];
-            if !b.get(i..i + sep.len()).is_some_and(|at| short_eq(at, sep)) {
-                return None;
-            }
-            i += sep.len();
-            from = to as usize;
-            // More whitespace before the value than the layout had: another layout.
-            if matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-                return None;
-            }
-            let next = match slot {
-                Some(slot) => scalar(b, i).map(|(v, next)| {
-                    out[slot as usize] = Some(v);
-                    next
-                }),
-                // What skip_value(b, i, 0) does, with strings and numbers inline.
-                None => scalar(b, i).map(|(_, next)| next),
-            };
-            match next {
-                Ok(next) => i = next,
-                Err(e) => return Some(Err(e)),
-            }
+    /// Keep the layout just learnt, in a free place or instead of the oldest kept.
+    fn keep_layout(&mut self) {
+        if self.shapes.len() < SHAPES {
+            self.shapes.push(std::mem::take(&mut self.learning));
+            self.last = self.shapes.len() - 1;
+        } else {
+            std::mem::swap(&mut self.shapes[self.victim], &mut self.learning);
+            self.last = self.victim;
+            self.victim = (self.victim + 1) % SHAPES;
         }
-        let tail = &shape.bytes[from..];
-        (b.len() - i == tail.len() && short_eq(&b[i..], tail)).then_some(Ok(()))
     }
 
     /// The slot of field name `key` (its [`head`] is `key_head`), if projected.
@@ -858,6 +882,22 @@ mod tests {
             );
         }
         assert!(accepted > 1000, "the variants should not all be broken: {accepted}");
+        // One projection through all of them, in turn with the base and with a layout of
+        // other field order: it keeps several layouts and replaces them as they come.
+        let reordered = r#"{"x": null, "nested": {"a": [1]}, "lat": 40.25, "fecha_ms": 1757836800060, "stock_actual": 7, "producto": "queso", "tipo": "stock"}"#;
+        let mut long = Projection::new(&names);
+        for (i, v) in variants.iter().enumerate() {
+            let v: &[u8] = match i % 3 {
+                0 => base.as_bytes(),
+                1 => reordered.as_bytes(),
+                _ => v,
+            };
+            let mut out = vec![None; names.len()];
+            let got = long.scan(v, &mut out).map(|_| out.clone());
+            let mut want = vec![None; names.len()];
+            let want = Projection::new(&names).scan(v, &mut want).map(|_| want);
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(v));
+        }
     }
 
     #[test]

@@ -471,7 +471,8 @@ fn eight_digits(x: u64) -> Option<u64> {
     Some((d.wrapping_mul(10_000) + (d >> 32)) & 0xFFFF_FFFF)
 }
 
-/// The value of JSON number text `raw` as the nearest f64 (what `str::parse` gives).
+/// The value of JSON number text `raw` (as the scanner checked it: other text may give a
+/// value where `str::parse` gives none) as the nearest f64, what `str::parse` gives.
 /// Most numbers take the exact fast path: at most 19 digits whose integer value `m` is at
 /// most 2^53 and a decimal exponent `e` within ±22, where `m` and `10^|e|` are exact f64s
 /// and one correctly rounded multiplication or division gives the correctly rounded value
@@ -562,8 +563,9 @@ fn scalar(b: &[u8], i: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
 }
 
 /// True when `b` is one JSON object, then nothing but spaces, with no byte below 0x20
-/// (no raw control character in a string, no tab or line break) and nesting within half
-/// of [`MAX_DEPTH`]: a subset of what serde_json accepts, checked at this scanner's speed.
+/// (no raw control character in a string, no tab or line break) and at most
+/// [`MAX_DEPTH`] / 2 + 1 levels of nesting: a subset of what serde_json accepts, checked
+/// at this scanner's speed.
 pub fn is_compact_object(b: &[u8]) -> bool {
     if b.first() != Some(&b'{') || b.iter().any(|&c| c < 0x20) {
         return false;

@@ -3,7 +3,7 @@
 // The plugin's import of km0_sdk.js (a path relative to the plugin) is inlined first, so
 // componentize-js sees one self-contained module.
 import { componentize } from '@bytecodealliance/componentize-js';
-import { readFile, writeFile, mkdtemp } from 'node:fs/promises';
+import { readFile, writeFile, mkdtemp, rm } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 
@@ -15,12 +15,18 @@ if (found) {
   const sdk = await readFile(resolve(dirname(sourcePath), found[1]), 'utf8');
   plugin = `${sdk.replace(/^export /gm, '')}\n${plugin.replace(sdkImport, '')}`;
 }
-const bundled = join(await mkdtemp(join(tmpdir(), 'km0-js-')), 'aggregate.js');
-await writeFile(bundled, plugin);
-const { component } = await componentize({
-  sourcePath: bundled,
-  witPath,
-  worldName: 'aggregate-plugin',
-  disableFeatures: ['http', 'fetch-event', 'random', 'stdio', 'clocks'],
-});
-await writeFile(out, component);
+// The bundled module goes in a folder of its own, removed once the component is built.
+const dir = await mkdtemp(join(tmpdir(), 'km0-js-'));
+try {
+  const bundled = join(dir, 'aggregate.js');
+  await writeFile(bundled, plugin);
+  const { component } = await componentize({
+    sourcePath: bundled,
+    witPath,
+    worldName: 'aggregate-plugin',
+    disableFeatures: ['http', 'fetch-event', 'random', 'stdio', 'clocks'],
+  });
+  await writeFile(out, component);
+} finally {
+  await rm(dir, { recursive: true, force: true });
+}

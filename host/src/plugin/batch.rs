@@ -96,15 +96,7 @@ pub struct Batch {
     row_time: Vec<i64>,
     staged: Vec<Staged>,
     // Reused between calls.
-    /// The group list and slots of the last call, kept for their capacity.
-    spare_groups: Vec<(u32, i64)>,
-    spare_slots: Vec<SlotHandle>,
-    /// Per staged group: its canonical group; its index in the call (or `u32::MAX`).
-    canon: Vec<u32>,
-    call_index: Vec<u32>,
-    /// Staged rows that stay for a later call; new numbers of the groups that stay.
-    kept: Vec<usize>,
-    renumber: Vec<u32>,
+    scratch: Scratch,
     /// Returned by the last [`Batch::assemble`] and handed back ([`Batch::recycle`]).
     spare_calls: Vec<(u32, i64)>,
     counts: Vec<u32>,
@@ -116,6 +108,20 @@ pub struct Batch {
 }
 
 const NO_ALIAS: u32 = u32::MAX;
+
+/// The working vectors of [`Batch::assemble`], kept between calls for their capacity.
+#[derive(Default)]
+struct Scratch {
+    /// Per staged group: its canonical group; its index in the call (or `u32::MAX`).
+    canon: Vec<u32>,
+    call_index: Vec<u32>,
+    /// Staged rows that stay for a later call; new numbers of the groups that stay.
+    kept: Vec<usize>,
+    renumber: Vec<u32>,
+    /// The group list and slots before a restage.
+    old_groups: Vec<(u32, i64)>,
+    old_slots: Vec<SlotHandle>,
+}
 
 impl Batch {
     pub fn new(fields: &[FieldType], key_arity: usize, ordered: bool) -> Batch {
@@ -137,12 +143,7 @@ impl Batch {
             row_group: Vec::new(),
             row_time: Vec::new(),
             staged: fields.iter().map(|&t| Staged::new(t)).collect(),
-            spare_groups: Vec::new(),
-            spare_slots: Vec::new(),
-            canon: Vec::new(),
-            call_index: Vec::new(),
-            kept: Vec::new(),
-            renumber: Vec::new(),
+            scratch: Scratch::default(),
             spare_calls: Vec::new(),
             counts: Vec::new(),
             order: Vec::new(),
@@ -291,10 +292,23 @@ impl Batch {
     /// (ordered plugins wait for complete slots); the other rows stay staged. Returns the
     /// (key, slot id) of the call's groups, in call order; empty when nothing is ready.
     pub fn assemble(&mut self, keys: &KeyTable, state: &WindowState, ready: Option<i64>) -> Vec<(u32, i64)> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let calls = self.assemble_with(&mut scratch, keys, state, ready);
+        self.scratch = scratch;
+        calls
+    }
+
+    fn assemble_with(
+        &mut self,
+        s: &mut Scratch,
+        keys: &KeyTable,
+        state: &WindowState,
+        ready: Option<i64>,
+    ) -> Vec<(u32, i64)> {
         let n_groups = self.group_list.len();
         let n_rows = self.row_time.len();
         // Canonical group of every row; which canonical groups go into this call.
-        let mut canon = std::mem::take(&mut self.canon);
+        let canon = &mut s.canon;
         canon.clear();
         canon.extend((0..n_groups as u32).map(|g| self.canonical(g)));
         let window_of = |g: usize| -> Window {
@@ -302,7 +316,7 @@ impl Batch {
             state.slot_at(self.group_slot[g], k, id).map_or(Window { start: id, end: i64::MAX }, |s| s.window)
         };
         // Dense call index of every taken canonical group.
-        let mut call_index = std::mem::take(&mut self.call_index);
+        let call_index = &mut s.call_index;
         call_index.clear();
         call_index.resize(n_groups, u32::MAX);
         let mut call_groups = std::mem::take(&mut self.spare_calls);
@@ -316,8 +330,6 @@ impl Batch {
             }
         }
         if call_groups.is_empty() {
-            self.canon = canon;
-            self.call_index = call_index;
             return call_groups;
         }
 
@@ -325,7 +337,7 @@ impl Batch {
         let n_call = call_groups.len();
         self.counts.clear();
         self.counts.resize(n_call + 1, 0);
-        let mut kept = std::mem::take(&mut self.kept);
+        let kept = &mut s.kept;
         kept.clear();
         for (row, &g) in self.row_group.iter().enumerate() {
             match call_index[canon[g as usize] as usize] {
@@ -398,10 +410,7 @@ impl Batch {
                 )
             }),
         );
-        self.restage(&kept, &canon);
-        self.canon = canon;
-        self.call_index = call_index;
-        self.kept = kept;
+        self.restage(s);
         call_groups
     }
 
@@ -412,15 +421,17 @@ impl Batch {
 
     /// Keep only the rows `kept` (in arrival order), renumbering their groups; the
     /// columns are compacted in place.
-    fn restage(&mut self, kept: &[usize], canon: &[u32]) {
+    fn restage(&mut self, s: &mut Scratch) {
+        let (kept, canon) = (&s.kept, &s.canon);
         // New group numbers, in first-seen order of the kept rows.
-        let old_groups = std::mem::replace(&mut self.group_list, std::mem::take(&mut self.spare_groups));
-        let old_slots = std::mem::replace(&mut self.group_slot, std::mem::take(&mut self.spare_slots));
+        std::mem::swap(&mut self.group_list, &mut s.old_groups);
+        std::mem::swap(&mut self.group_slot, &mut s.old_slots);
+        let (old_groups, old_slots) = (&s.old_groups, &s.old_slots);
         self.group_list.clear();
         self.group_slot.clear();
         self.index.clear();
         self.alias.clear();
-        let mut renumber = std::mem::take(&mut self.renumber);
+        let renumber = &mut s.renumber;
         renumber.clear();
         renumber.resize(old_groups.len(), u32::MAX);
         for (dst, &r) in kept.iter().enumerate() {
@@ -436,9 +447,6 @@ impl Batch {
             self.row_group[dst] = renumber[g];
             self.row_time[dst] = self.row_time[r];
         }
-        self.spare_groups = old_groups;
-        self.spare_slots = old_slots;
-        self.renumber = renumber;
         self.row_group.truncate(kept.len());
         self.row_time.truncate(kept.len());
         for s in &mut self.staged {

@@ -1,13 +1,16 @@
 //! The embedded default source: JSON lines from files (or standard input), one
 //! partition per file.
 //!
-//! Each file is read in large chunks with `read()` and split with `memchr`, handing out
-//! borrowed slices, so the cost per record is a scan for the newline. Blank lines are
+//! Each file is mapped into memory ([`super::mapped`]) and split with `memchr`, handing out
+//! borrowed slices, so the cost per record is a scan for the newline; standard input, a
+//! followed file and a file that cannot be mapped are read in large chunks with `read()`
+//! instead. Blank lines are
 //! skipped. Several files are read round-robin, one record from each in turn, which is
 //! deterministic and lets a lagging partition hold the watermark back as a slow Kafka
 //! partition would. A partition's position is the byte offset after the last record
 //! handed out, so a savepoint resumes exactly at the next record.
 
+use super::mapped::Mapped;
 use super::{PartitionPosition, Position, SourcePosition};
 use crate::{Error, Result};
 use std::fs::File;
@@ -37,6 +40,16 @@ impl FileSource {
     /// As [`FileSource::open`]; with `follow`, the files are read as they grow and never
     /// end (an unbounded source).
     pub fn open_with(paths: &[PathBuf], follow: bool, resume: Option<&SourcePosition>) -> Result<FileSource> {
+        Self::open_parts(paths, follow, !follow, resume)
+    }
+
+    /// As [`FileSource::open_with`]; `map`: map the files that can be (else `read()`).
+    fn open_parts(
+        paths: &[PathBuf],
+        follow: bool,
+        map: bool,
+        resume: Option<&SourcePosition>,
+    ) -> Result<FileSource> {
         if let Some(r) = resume {
             if r.kind != "file" {
                 return Err(Error::Usage(format!(
@@ -55,7 +68,7 @@ impl FileSource {
         let mut parts = Vec::with_capacity(paths.len());
         for (i, p) in paths.iter().enumerate() {
             let at = resume.and_then(|r| r.partitions.iter().find(|pp| pp.partition == i as u32));
-            parts.push(LineReader::open(p, i as u32, follow, at)?);
+            parts.push(LineReader::open(p, i as u32, follow, map, at)?);
         }
         let next = resume.map_or(0, |r| r.next as usize % parts.len().max(1));
         Ok(FileSource { parts, next, ended: Vec::new() })
@@ -91,7 +104,7 @@ impl FileSource {
             }
             if self.parts[p].advance()? {
                 let part = &self.parts[p];
-                return Ok(Some((&part.buf[part.rec.0..part.rec.1], part.rec_pos)));
+                return Ok(Some((&part.bytes()[part.rec.0..part.rec.1], part.rec_pos)));
             }
             if self.parts[p].done {
                 self.ended.push(p as u32);
@@ -120,7 +133,10 @@ struct LineReader {
     rec: (usize, usize),
     rec_pos: Position,
     input: Box<dyn Read>,
+    /// What `read()` gave, from `offset` on; unused when the file is mapped.
     buf: Vec<u8>,
+    /// The whole file, when mapped: `start` and `end` index it, `offset` is `start`.
+    map: Option<Mapped>,
     start: usize,
     end: usize,
     eof: bool,
@@ -136,8 +152,10 @@ impl LineReader {
         path: &Path,
         partition: u32,
         follow: bool,
+        map: bool,
         resume: Option<&PartitionPosition>,
     ) -> Result<LineReader> {
+        let mut mapped = None;
         let input: Box<dyn Read> = if path == Path::new("-") {
             if resume.is_some_and(|r| r.offset > 0) {
                 return Err(Error::Usage(
@@ -147,8 +165,12 @@ impl LineReader {
             Box::new(std::io::stdin())
         } else {
             let mut f = File::open(path).map_err(|e| Error::io("open input", path, e))?;
+            let meta = f.metadata().map_err(|e| Error::io("stat input", path, e))?;
+            if map && meta.is_file() {
+                mapped = Mapped::open(&f, meta.len());
+            }
             if let Some(r) = resume {
-                let len = f.metadata().map_err(|e| Error::io("stat input", path, e))?.len();
+                let len = meta.len();
                 if len < r.offset {
                     return Err(Error::Usage(format!(
                         "input {} has {len} bytes but the savepoint resumes at byte {}: not the same input",
@@ -160,6 +182,12 @@ impl LineReader {
             }
             Box::new(f)
         };
+        let offset = resume.map_or(0, |r| r.offset);
+        // A mapped file is all there from the start: `start` is the offset.
+        let (buf, start, end) = match &mapped {
+            Some(m) => (Vec::new(), offset as usize, m.bytes().len()),
+            None => (vec![0; CHUNK], 0, 0),
+        };
         Ok(LineReader {
             path: path.to_path_buf(),
             partition,
@@ -168,11 +196,12 @@ impl LineReader {
             rec: (0, 0),
             rec_pos: Position { partition, line: 0, offset: 0 },
             input,
-            buf: vec![0; CHUNK],
-            start: 0,
-            end: 0,
-            eof: false,
-            offset: resume.map_or(0, |r| r.offset),
+            buf,
+            eof: mapped.is_some(),
+            map: mapped,
+            start,
+            end,
+            offset,
             lines: resume.map_or(0, |r| r.lines),
             records: resume.map_or(0, |r| r.records),
         })
@@ -193,19 +222,32 @@ impl LineReader {
         }
     }
 
+    /// The bytes `start`, `end` and a record's range index.
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        match &self.map {
+            Some(m) => m.bytes(),
+            None => &self.buf,
+        }
+    }
+
     fn next_line(&mut self) -> Result<Option<(usize, usize, Position)>> {
         let (s, e, pos) = loop {
-            if let Some(nl) = memchr::memchr(b'\n', &self.buf[self.start..self.end]) {
+            let (bytes, found) = match &self.map {
+                Some(m) => (m.bytes(), m.newline(self.start, self.end).map_err(|_| self.shrank())?),
+                None => (&self.buf[..], memchr::memchr(b'\n', &self.buf[self.start..self.end])),
+            };
+            if let Some(nl) = found {
                 let s = self.start;
                 let pos = Position { partition: self.partition, line: self.lines + 1, offset: self.offset };
                 self.start += nl + 1;
                 self.offset += nl as u64 + 1;
                 self.lines += 1;
                 let mut e = s + nl;
-                if e > s && self.buf[e - 1] == b'\r' {
+                if e > s && bytes[e - 1] == b'\r' {
                     e -= 1;
                 }
-                if is_blank(&self.buf[s..e]) {
+                if is_blank(&bytes[s..e]) {
                     continue;
                 }
                 break (s, e, pos);
@@ -217,6 +259,9 @@ impl LineReader {
                     self.eof = false;
                     return Ok(None);
                 }
+                if self.map.as_ref().is_some_and(Mapped::shrank_at_end) {
+                    return Err(self.shrank());
+                }
                 if self.start == self.end {
                     return Ok(None);
                 }
@@ -226,15 +271,39 @@ impl LineReader {
                 self.offset += (e - s) as u64;
                 self.lines += 1;
                 self.start = e;
-                if is_blank(&self.buf[s..e]) {
+                if is_blank(&bytes[s..e]) {
                     continue;
                 }
                 break (s, e, pos);
             }
             self.fill()?;
         };
+        if let Some(m) = &mut self.map {
+            // Every byte of the record was read (by the newline search): had the file
+            // shrunk under them, the note would be set by now.
+            if m.shrank() {
+                return Err(self.shrank());
+            }
+            m.release_before(s);
+        }
         self.records += 1;
         Ok(Some((s, e, pos)))
+    }
+
+    #[cold]
+    fn shrank(&self) -> Error {
+        Error::io(
+            "read input",
+            &self.path,
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the file shrank while it was read (another process truncated it near byte {}): \
+                     records past its new end are gone",
+                    self.offset
+                ),
+            ),
+        )
     }
 
     fn fill(&mut self) -> Result<()> {
@@ -362,10 +431,88 @@ mod tests {
         let path = dir.path().join("big.jsonl");
         let long = format!("{{\"s\":\"{}\"}}", "x".repeat(CHUNK + 10));
         std::fs::write(&path, format!("{long}\n{{\"a\":1}}\n")).unwrap();
-        let mut src = FileSource::open(&[path], None).unwrap();
-        let all = collect(&mut src);
-        assert_eq!(all.len(), 2);
-        assert_eq!(all[0].0.len(), long.len());
-        assert_eq!(all[1].1.offset, long.len() as u64 + 1);
+        // Mapped, and read in chunks (the buffer grows for the long line).
+        for map in [true, false] {
+            let mut src = FileSource::open_parts(std::slice::from_ref(&path), false, map, None).unwrap();
+            assert_eq!(src.parts[0].map.is_some(), map);
+            let all = collect(&mut src);
+            assert_eq!(all.len(), 2);
+            assert_eq!(all[0].0.len(), long.len());
+            assert_eq!(all[1].1.offset, long.len() as u64 + 1);
+        }
+    }
+
+    #[test]
+    fn mapped_and_read_files_give_the_same_records_and_positions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("in.jsonl");
+        // Lines across many chunks and pages, blank lines, CRLF, no final newline.
+        let mut text = String::new();
+        for i in 0..40_000 {
+            text.push_str(&format!("{{\"i\":{i},\"pad\":\"{}\"}}", "p".repeat(i % 97)));
+            text.push_str(if i % 7 == 0 { "\r\n\n" } else { "\n" });
+        }
+        text.push_str("{\"last\":true}");
+        std::fs::write(&path, &text).unwrap();
+        let read = |map: bool, resume: Option<&SourcePosition>| {
+            let mut src = FileSource::open_parts(std::slice::from_ref(&path), false, map, resume).unwrap();
+            assert_eq!(src.parts[0].map.is_some(), map);
+            collect(&mut src)
+        };
+        let (mapped, copied) = (read(true, None), read(false, None));
+        assert_eq!(mapped.len(), 40_001);
+        assert_eq!(mapped, copied);
+        // Resumed in the middle, both ways.
+        let mut src = FileSource::open_parts(std::slice::from_ref(&path), false, true, None).unwrap();
+        for _ in 0..25_000 {
+            src.next_record().unwrap();
+        }
+        let pos = src.position();
+        assert_eq!(read(true, Some(&pos)), mapped[25_000..]);
+        assert_eq!(read(false, Some(&pos)), mapped[25_000..]);
+    }
+
+    /// Another process truncating a mapped input would kill a plain mmap reader with
+    /// SIGBUS; here the read fails with an error that says what happened.
+    #[test]
+    fn a_mapped_file_that_shrinks_while_read_is_an_error_not_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(90));
+        let write = |name: &str, lines: usize| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, line.repeat(lines)).unwrap();
+            path
+        };
+        let expect_shrank = |src: &mut FileSource| loop {
+            match src.next_record() {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the input ended as if nothing happened"),
+                Err(e) => {
+                    assert!(e.to_string().contains("shrank while it was read"), "{e}");
+                    break;
+                }
+            }
+        };
+        // Cut far below the reader: the pages it reads next are gone (SIGBUS, caught).
+        let far = write("far.jsonl", 100_000);
+        let mut src = FileSource::open(std::slice::from_ref(&far), None).unwrap();
+        assert!(src.parts[0].map.is_some());
+        for _ in 0..10 {
+            src.next_record().unwrap();
+        }
+        std::fs::OpenOptions::new().write(true).open(&far).unwrap().set_len(5_000).unwrap();
+        expect_shrank(&mut src);
+        // Cut inside the last page: no fault, zeros past the cut; the length tells.
+        let near = write("near.jsonl", 30);
+        let mut src = FileSource::open(std::slice::from_ref(&near), None).unwrap();
+        assert!(src.parts[0].map.is_some());
+        src.next_record().unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&near)
+            .unwrap()
+            .set_len(line.len() as u64 * 20 + 7)
+            .unwrap();
+        expect_shrank(&mut src);
     }
 }

@@ -9,6 +9,7 @@ pub mod decode;
 pub mod file;
 pub mod json;
 pub mod kafka;
+mod mapped;
 
 use crate::pipeline::SourceSpec;
 use crate::Result;

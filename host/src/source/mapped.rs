@@ -1,0 +1,251 @@
+//! Input files read through a memory map: records are parsed where the kernel keeps the
+//! file (its page cache), without the copy `read()` makes of every byte. On a job with few
+//! keys that copy is about a tenth of the CPU.
+//!
+//! A mapped file that shrinks while it is read (another process truncates it) would kill
+//! the process with SIGBUS at the next access past its new end. A SIGBUS handler turns
+//! such a fault inside one of these mappings into a page of zeros and notes that the file
+//! shrank; the reader checks that note before it hands out a record, and fails with a
+//! clear error. A fault anywhere else goes to the handler that was there before
+//! (wasmtime's, the standard library's) or to the default action, as if this one were not
+//! installed.
+//!
+//! Where a map cannot be had (an empty file, a full table of mappings, a file system
+//! without mmap), the reader uses `read()`.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, Once, OnceLock};
+
+/// Mappings open at once; more files are read with `read()`.
+const REGIONS: usize = 64;
+
+/// Bytes of the mapping a reader gives back (drops from its resident set) at a time,
+/// once it has read past them.
+const RELEASE: usize = 16 << 20;
+
+/// Bytes searched for a newline before the note of a shrunken file is looked at again.
+const SEARCH: usize = 1 << 20;
+
+/// The file shrank under its mapping.
+#[derive(Debug)]
+pub struct Shrank;
+
+/// One mapping, as the signal handler sees it: `[start, end)`, or free when `start` is 0.
+struct Region {
+    start: AtomicUsize,
+    end: AtomicUsize,
+    shrank: AtomicBool,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const FREE: Region =
+    Region { start: AtomicUsize::new(0), end: AtomicUsize::new(0), shrank: AtomicBool::new(false) };
+static TABLE: [Region; REGIONS] = [FREE; REGIONS];
+/// Taken to claim or free a region (never in the handler, which only loads).
+static CLAIM: Mutex<()> = Mutex::new(());
+static PAGE: AtomicUsize = AtomicUsize::new(4096);
+static INSTALL: Once = Once::new();
+/// Whether the handler is installed (mapping without it is not safe).
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// The SIGBUS action before ours.
+static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+
+/// A whole file, mapped read-only.
+pub struct Mapped {
+    file: File,
+    ptr: NonNull<u8>,
+    len: usize,
+    region: usize,
+    /// Bytes before this offset were given back ([`Mapped::release_before`]).
+    released: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone and is only read.
+unsafe impl Send for Mapped {}
+
+impl Mapped {
+    /// Map `file` (a regular file of `len` bytes); None when it cannot be mapped safely
+    /// (then read it with `read()`).
+    pub fn open(file: &File, len: u64) -> Option<Mapped> {
+        let file = file.try_clone().ok()?;
+        let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
+        install();
+        if !INSTALLED.load(Ordering::Acquire) {
+            return None;
+        }
+        let _claim = CLAIM.lock().ok()?;
+        let region = TABLE.iter().position(|r| r.start.load(Ordering::Acquire) == 0)?;
+        // SAFETY: a fresh read-only private mapping of an open file; the kernel picks the
+        // address. Accesses past a shrunken end are caught by `on_sigbus`.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let ptr = NonNull::new(p.cast::<u8>())?;
+        // SAFETY: advice on the mapping just made; failure is harmless.
+        unsafe { libc::madvise(p, len, libc::MADV_SEQUENTIAL) };
+        let r = &TABLE[region];
+        r.shrank.store(false, Ordering::Release);
+        r.end.store(ptr.as_ptr() as usize + len, Ordering::Release);
+        r.start.store(ptr.as_ptr() as usize, Ordering::Release);
+        Some(Mapped { file, ptr, len, region, released: 0 })
+    }
+
+    /// The file's bytes (as they were when mapped: zeros past an end that moved back).
+    #[inline]
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes are mapped readable for as long as `self` lives; a page the
+        // kernel takes away (the file shrank) is replaced by zeros in `on_sigbus`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Offset from `from` of the first newline in `from..to`, searched [`SEARCH`] bytes at a
+    /// time: past a cut the file reads as zeros, and the search stops within a window of
+    /// it (instead of faulting its way through the rest of the mapping).
+    #[inline]
+    pub fn newline(&self, from: usize, to: usize) -> Result<Option<usize>, Shrank> {
+        let bytes = self.bytes();
+        let mut at = from;
+        loop {
+            let upto = to.min(at.saturating_add(SEARCH));
+            if let Some(i) = memchr::memchr(b'\n', &bytes[at..upto]) {
+                return Ok(Some(at - from + i));
+            }
+            if upto == to {
+                return Ok(None);
+            }
+            if self.shrank() {
+                return Err(Shrank);
+            }
+            at = upto;
+        }
+    }
+
+    /// Whether the file shrank under the mapping: bytes read since may be zeros.
+    #[inline]
+    pub fn shrank(&self) -> bool {
+        TABLE[self.region].shrank.load(Ordering::Acquire)
+    }
+
+    /// At the end of the mapping: whether the file is shorter than it was mapped. A cut
+    /// inside the last page faults nowhere (the page stays, zeros past the cut): only
+    /// the file's length tells.
+    pub fn shrank_at_end(&self) -> bool {
+        self.shrank() || self.file.metadata().map_or(true, |m| m.len() < self.len as u64)
+    }
+
+    /// The reader is past `offset`: give the pages before it back, in steps of
+    /// [`RELEASE`] bytes (the file stays in the page cache; the process's resident set no
+    /// longer counts it).
+    #[inline]
+    pub fn release_before(&mut self, offset: usize) {
+        if offset < self.released + RELEASE {
+            return;
+        }
+        let page = PAGE.load(Ordering::Relaxed);
+        let upto = offset / page * page;
+        // SAFETY: the range lies in the mapping and page-aligned; bytes before `offset`
+        // are not read again (a read would fault them back in from the file).
+        unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().add(self.released).cast(),
+                upto - self.released,
+                libc::MADV_DONTNEED,
+            )
+        };
+        self.released = upto;
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        let _claim = CLAIM.lock();
+        let r = &TABLE[self.region];
+        r.start.store(0, Ordering::Release);
+        // SAFETY: the mapping made in `open`, no longer referenced.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        r.end.store(0, Ordering::Release);
+    }
+}
+
+/// Install the SIGBUS handler once, keeping the action it replaces.
+fn install() {
+    INSTALL.call_once(|| {
+        // SAFETY: sysconf and sigaction with valid arguments; the previous action is
+        // stored before ours is installed, so the handler always finds it.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE);
+            if page > 0 {
+                PAGE.store(page as usize, Ordering::Relaxed);
+            }
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
+                return;
+            }
+            let _ = PREVIOUS.set(old);
+            let mut new: libc::sigaction = std::mem::zeroed();
+            new.sa_sigaction = on_sigbus as *const () as usize;
+            new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+            libc::sigemptyset(&mut new.sa_mask);
+            if libc::sigaction(libc::SIGBUS, &new, std::ptr::null_mut()) == 0 {
+                INSTALLED.store(true, Ordering::Release);
+            }
+        }
+    });
+}
+
+/// SIGBUS: in one of our mappings, the file shrank under it: map zeros over the page and
+/// note it (the access then reads zeros); anywhere else, what would have happened
+/// without this handler. Only loads atomics and makes system calls (async-signal-safe).
+extern "C" fn on_sigbus(signum: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // SAFETY: the kernel gives an SA_SIGINFO handler a valid siginfo.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let page = PAGE.load(Ordering::Relaxed);
+    for r in &TABLE {
+        let start = r.start.load(Ordering::Acquire);
+        if start != 0 && addr >= start && addr < r.end.load(Ordering::Acquire) {
+            let at = addr & !(page - 1);
+            // SAFETY: replaces one page of our own read-only mapping with zeros.
+            let p = unsafe {
+                libc::mmap(
+                    at as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                r.shrank.store(true, Ordering::Release);
+                return;
+            }
+        }
+    }
+    // SAFETY: as wasmtime's delegation: call the previous handler as it was registered,
+    // or restore the default (or ignore) action and return, so that the fault repeats
+    // under it.
+    unsafe {
+        match PREVIOUS.get() {
+            Some(prev) if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+                std::mem::transmute::<
+                    usize,
+                    extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
+                >(prev.sa_sigaction)(signum, info, context)
+            }
+            Some(prev) if prev.sa_sigaction != libc::SIG_DFL && prev.sa_sigaction != libc::SIG_IGN => {
+                std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(prev.sa_sigaction)(signum)
+            }
+            prev => {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(signum, prev.unwrap_or(&dfl), std::ptr::null_mut());
+            }
+        }
+    }
+}

@@ -18,7 +18,7 @@ use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, SlotRows
 use crate::plugin::{packed_item, packed_push, FieldType, Groups, OnError, Packed, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
-use crate::state::{Acc, KeyTable, Slot, Timer, TimerKind, WindowState};
+use crate::state::{Acc, KeyTable, Slot, SlotHandle, Timer, TimerKind, WindowState};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -1113,32 +1113,39 @@ impl WindowOperator {
         slide: i64,
     ) -> Result<Vec<(u32, Window, Acc)>> {
         let mut windows = Vec::with_capacity(fires.len());
-        // The open panes of window `w`: `pane_ids[pane_at[w]..pane_at[w + 1]]`.
-        let mut pane_ids: Vec<i64> = Vec::with_capacity(fires.len() * (size / slide) as usize);
+        // The open panes of window `w` (id and handle, found once):
+        // `panes[pane_at[w]..pane_at[w + 1]]`.
+        let mut panes: Vec<(i64, SlotHandle)> = Vec::with_capacity(fires.len() * (size / slide) as usize);
         let mut pane_at: Vec<usize> = Vec::with_capacity(fires.len() + 1);
         pane_at.push(0);
         for &(k, end) in fires {
             let start = end - size;
-            let first = pane_ids.len();
-            pane_ids.extend(
-                (0..size / slide).map(|i| start + i * slide).filter(|&p| self.state.slot(k, p).is_some()),
+            let first = panes.len();
+            panes.extend(
+                (0..size / slide)
+                    .map(|i| start + i * slide)
+                    .filter_map(|p| self.state.handle(k, p).map(|h| (p, h))),
             );
-            match pane_ids.get(first) {
-                Some(&p) => {
-                    windows.push((k, Window { start, end }, Acc::from_slice(self.state.acc(k, p))));
-                    pane_at.push(pane_ids.len());
+            match panes.get(first) {
+                Some(&(p, h)) => {
+                    let acc = self.state.slot_at(h, k, p).map_or(&[][..], |s| s.acc.as_slice());
+                    windows.push((k, Window { start, end }, Acc::from_slice(acc)));
+                    pane_at.push(panes.len());
                 }
-                None => pane_ids.truncate(first),
+                None => panes.truncate(first),
             }
         }
-        let panes = |w: usize| &pane_ids[pane_at[w]..pane_at[w + 1]];
+        let panes = |w: usize| &panes[pane_at[w]..pane_at[w + 1]];
         let rounds = (0..windows.len()).map(|w| panes(w).len()).max().unwrap_or(0);
         let mut failed: Vec<Option<String>> = vec![None; windows.len()];
         for r in 1..rounds {
             let todo: Vec<usize> =
                 (0..windows.len()).filter(|&w| panes(w).len() > r && failed[w].is_none()).collect();
             let left = packed_of(todo.iter().map(|&w| windows[w].2.as_slice()));
-            let right = packed_of(todo.iter().map(|&w| self.state.acc(windows[w].0, panes(w)[r])));
+            let right = packed_of(todo.iter().map(|&w| {
+                let (p, h) = panes(w)[r];
+                self.state.slot_at(h, windows[w].0, p).map_or(&[][..], |s| s.acc.as_slice())
+            }));
             let (merged, faults) = self.merge_pairs(&left, &right)?;
             for (i, &w) in todo.iter().enumerate() {
                 match &faults[i] {

@@ -24,7 +24,7 @@ const REGIONS: usize = 64;
 
 /// Bytes of the mapping a reader gives back (drops from its resident set) at a time,
 /// once it has read past them.
-const RELEASE: usize = 16 << 20;
+const RELEASE: usize = 4 << 20;
 
 /// Bytes searched for a newline before the note of a shrunken file is looked at again.
 const SEARCH: usize = 1 << 20;

@@ -595,6 +595,8 @@ impl Job {
         source: &Source,
         counts: Vec<(u64, u64)>,
     ) -> Result<SavepointMeta> {
+        // A position past records that may have read a cut file's zeros is not kept.
+        source.check_intact()?;
         self.write_results()?;
         let barrier = self.barrier();
         let mut sinks = Vec::new();

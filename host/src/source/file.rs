@@ -50,6 +50,7 @@ impl FileSource {
         map: bool,
         resume: Option<&SourcePosition>,
     ) -> Result<FileSource> {
+        debug_assert!(!(map && follow), "a followed file grows: it is read, not mapped");
         if let Some(r) = resume {
             if r.kind != "file" {
                 return Err(Error::Usage(format!(
@@ -111,6 +112,13 @@ impl FileSource {
             }
         }
         Ok(None)
+    }
+
+    /// Err when a mapped file shrank while it was read: a record handed out since the
+    /// last check may have read zeros where the file was cut, so a position past it must
+    /// not be kept (checked before a checkpoint or savepoint records the positions).
+    pub fn check_intact(&self) -> Result<()> {
+        self.parts.iter().try_for_each(LineReader::check_intact)
     }
 
     pub fn position(&self) -> SourcePosition {
@@ -259,8 +267,16 @@ impl LineReader {
                     self.eof = false;
                     return Ok(None);
                 }
-                if self.map.as_ref().is_some_and(Mapped::shrank_at_end) {
-                    return Err(self.shrank());
+                if let Some(m) = &self.map {
+                    if m.shrank_at_end() {
+                        return Err(self.shrank());
+                    }
+                    if m.grew() {
+                        // Appended to since it was mapped: read on as `read()` would have,
+                        // from the start of the line not yet handed out.
+                        self.read_on()?;
+                        continue;
+                    }
                 }
                 if self.start == self.end {
                     return Ok(None);
@@ -288,6 +304,30 @@ impl LineReader {
         }
         self.records += 1;
         Ok(Some((s, e, pos)))
+    }
+
+    /// Leave the mapping for `read()`, at `offset`.
+    #[cold]
+    fn read_on(&mut self) -> Result<()> {
+        let file = match &self.map {
+            Some(m) => m.file(),
+            None => return Ok(()),
+        };
+        let mut file = file.map_err(|e| Error::io("open input", &self.path, e))?;
+        file.seek(SeekFrom::Start(self.offset)).map_err(|e| Error::io("seek input", &self.path, e))?;
+        self.input = Box::new(file);
+        self.map = None;
+        self.buf = vec![0; CHUNK];
+        (self.start, self.end, self.eof) = (0, 0, false);
+        Ok(())
+    }
+
+    /// Err when the file shrank under its mapping (bytes handed out may have been zeros).
+    fn check_intact(&self) -> Result<()> {
+        match &self.map {
+            Some(m) if m.shrank_at_end() => Err(self.shrank()),
+            _ => Ok(()),
+        }
     }
 
     #[cold]
@@ -513,6 +553,28 @@ mod tests {
             .unwrap()
             .set_len(line.len() as u64 * 20 + 7)
             .unwrap();
+        // A checkpoint asks first, before it keeps a position.
+        assert!(src.check_intact().is_err());
         expect_shrank(&mut src);
+    }
+
+    /// A file appended to after it was mapped (not followed) is read to the end it has
+    /// when the reader gets there, as with `read()`: the rest of a line half written when
+    /// it was mapped, then the new lines.
+    #[test]
+    fn a_mapped_file_that_grows_is_read_on_to_its_new_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("growing.jsonl");
+        std::fs::write(&path, "a\nb\nha").unwrap();
+        let mut src = FileSource::open(std::slice::from_ref(&path), None).unwrap();
+        assert!(src.parts[0].map.is_some());
+        assert_eq!(src.next_record().unwrap().map(|(r, p)| (r.to_vec(), p.offset)), Some((b"a".to_vec(), 0)));
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"lf\nc\n").unwrap();
+        assert!(src.check_intact().is_ok());
+        let rest = collect(&mut src);
+        let texts: Vec<&str> = rest.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(texts, ["b", "half", "c"]);
+        assert_eq!(rest[1].1, Position { partition: 0, line: 3, offset: 4 });
+        assert_eq!(src.position().partitions[0].offset, 11);
     }
 }

@@ -101,7 +101,11 @@ impl Mapped {
         Some(Mapped { file, ptr, len, region, released: 0 })
     }
 
-    /// The file's bytes (as they were when mapped: zeros past an end that moved back).
+    /// The file's bytes: what the file holds now, so another process's write shows
+    /// through, and zeros past an end that moved back (the usual caveat of a mapped file,
+    /// why memmap2 makes mapping `unsafe`). The reader reads each byte of a record once,
+    /// in the newline search, and checks [`Mapped::shrank`] after it; nothing may assume
+    /// that a byte read twice reads the same.
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: `len` bytes are mapped readable for as long as `self` lives; a page the
@@ -135,6 +139,16 @@ impl Mapped {
     #[inline]
     pub fn shrank(&self) -> bool {
         TABLE[self.region].shrank.load(Ordering::Acquire)
+    }
+
+    /// Whether the file is longer now than when it was mapped (a writer appended to it).
+    pub fn grew(&self) -> bool {
+        self.file.metadata().is_ok_and(|m| m.len() > self.len as u64)
+    }
+
+    /// The file, open (for reading on with `read()` when it grew).
+    pub fn file(&self) -> std::io::Result<File> {
+        self.file.try_clone()
     }
 
     /// At the end of the mapping: whether the file is shorter than it was mapped. A cut
@@ -193,16 +207,16 @@ fn install() {
             if page > 0 {
                 PAGE.store(page as usize, Ordering::Relaxed);
             }
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) != 0 {
-                return;
-            }
-            let _ = PREVIOUS.set(old);
             let mut new: libc::sigaction = std::mem::zeroed();
             new.sa_sigaction = on_sigbus as *const () as usize;
             new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
             libc::sigemptyset(&mut new.sa_mask);
-            if libc::sigaction(libc::SIGBUS, &new, std::ptr::null_mut()) == 0 {
+            // One call swaps the actions: none installed in between is lost. (No mapping
+            // exists yet, so nothing of ours faults before `PREVIOUS` is set; a fault of
+            // someone else's in that instant takes the default action.)
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, &new, &mut old) == 0 {
+                let _ = PREVIOUS.set(old);
                 INSTALLED.store(true, Ordering::Release);
             }
         }
@@ -213,12 +227,56 @@ fn install() {
 /// note it (the access then reads zeros); anywhere else, what would have happened
 /// without this handler. Only loads atomics and makes system calls (async-signal-safe).
 extern "C" fn on_sigbus(signum: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    // SAFETY: the kernel gives an SA_SIGINFO handler a valid siginfo.
-    let addr = unsafe { (*info).si_addr() } as usize;
+    // SAFETY: the kernel gives an SA_SIGINFO handler a valid siginfo; errno is the
+    // thread's own, saved around the system calls made here.
+    let (code, addr, errno) =
+        unsafe { ((*info).si_code, (*info).si_addr() as usize, *libc::__errno_location()) };
+    // Only an access past the end of a file (BUS_ADRERR) is ours to mend: a hardware memory
+    // error, an I/O error or a signal sent by a process (si_code <= 0) is not.
+    if code == libc::BUS_ADRERR && mend(addr) {
+        // SAFETY: restores the thread's errno.
+        unsafe { *libc::__errno_location() = errno };
+        return;
+    }
+    // SAFETY: as wasmtime's delegation: call the previous handler as it was registered,
+    // or restore the default (or ignore) action and return, so that the fault repeats
+    // under it; a signal sent by a process is raised again under that action.
+    unsafe {
+        match PREVIOUS.get() {
+            Some(prev) if prev.sa_sigaction != libc::SIG_DFL && prev.sa_sigaction != libc::SIG_IGN => {
+                if prev.sa_flags & libc::SA_SIGINFO != 0 {
+                    std::mem::transmute::<
+                        usize,
+                        extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
+                    >(prev.sa_sigaction)(signum, info, context)
+                } else {
+                    std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(prev.sa_sigaction)(signum)
+                }
+            }
+            prev => {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(signum, prev.unwrap_or(&dfl), std::ptr::null_mut());
+                if code <= 0 {
+                    libc::raise(signum);
+                }
+            }
+        }
+    }
+}
+
+/// A fault at `addr`: inside one of our mappings, map zeros over its page and note that
+/// the file shrank; false when the address is not ours (or the page cannot be mended).
+fn mend(addr: usize) -> bool {
     let page = PAGE.load(Ordering::Relaxed);
     for r in &TABLE {
         let start = r.start.load(Ordering::Acquire);
-        if start != 0 && addr >= start && addr < r.end.load(Ordering::Acquire) {
+        let end = r.end.load(Ordering::Acquire);
+        // A region freed and claimed again between the two loads: not a whole one.
+        if start != r.start.load(Ordering::Acquire) {
+            continue;
+        }
+        if start != 0 && addr >= start && addr < end {
             let at = addr & !(page - 1);
             // SAFETY: replaces one page of our own read-only mapping with zeros.
             let p = unsafe {
@@ -233,29 +291,9 @@ extern "C" fn on_sigbus(signum: libc::c_int, info: *mut libc::siginfo_t, context
             };
             if p != libc::MAP_FAILED {
                 r.shrank.store(true, Ordering::Release);
-                return;
+                return true;
             }
         }
     }
-    // SAFETY: as wasmtime's delegation: call the previous handler as it was registered,
-    // or restore the default (or ignore) action and return, so that the fault repeats
-    // under it.
-    unsafe {
-        match PREVIOUS.get() {
-            Some(prev) if prev.sa_flags & libc::SA_SIGINFO != 0 => {
-                std::mem::transmute::<
-                    usize,
-                    extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
-                >(prev.sa_sigaction)(signum, info, context)
-            }
-            Some(prev) if prev.sa_sigaction != libc::SIG_DFL && prev.sa_sigaction != libc::SIG_IGN => {
-                std::mem::transmute::<usize, extern "C" fn(libc::c_int)>(prev.sa_sigaction)(signum)
-            }
-            prev => {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(signum, prev.unwrap_or(&dfl), std::ptr::null_mut());
-            }
-        }
-    }
+    false
 }

@@ -56,6 +56,16 @@ impl Source {
         }
     }
 
+    /// Err when the input changed under the source in a way that makes the records read
+    /// since the last check doubtful (a mapped file that shrank): call before keeping a
+    /// position.
+    pub fn check_intact(&self) -> Result<()> {
+        match self {
+            Source::File(s) => s.check_intact(),
+            Source::Kafka(_) => Ok(()),
+        }
+    }
+
     pub fn records(&self) -> u64 {
         match self {
             Source::File(s) => s.records(),

@@ -267,16 +267,8 @@ impl LineReader {
                     self.eof = false;
                     return Ok(None);
                 }
-                if let Some(m) = &self.map {
-                    if m.shrank_at_end() {
-                        return Err(self.shrank());
-                    }
-                    if m.grew() {
-                        // Appended to since it was mapped: read on as `read()` would have,
-                        // from the start of the line not yet handed out.
-                        self.read_on()?;
-                        continue;
-                    }
+                if self.map.is_some() && self.read_on()? {
+                    continue;
                 }
                 if self.start == self.end {
                     return Ok(None);
@@ -287,7 +279,7 @@ impl LineReader {
                 self.offset += (e - s) as u64;
                 self.lines += 1;
                 self.start = e;
-                if is_blank(&bytes[s..e]) {
+                if is_blank(&self.bytes()[s..e]) {
                     continue;
                 }
                 break (s, e, pos);
@@ -306,12 +298,16 @@ impl LineReader {
         Ok(Some((s, e, pos)))
     }
 
-    /// Leave the mapping for `read()`, at `offset`.
+    /// At the end of a mapped file: Err if it shrank; if it was appended to since it was
+    /// mapped, leave the mapping for `read()` at `offset` (the start of the line not yet
+    /// handed out), as `read()` would have read on, and return true.
     #[cold]
-    fn read_on(&mut self) -> Result<()> {
+    #[inline(never)]
+    fn read_on(&mut self) -> Result<bool> {
         let file = match &self.map {
-            Some(m) => m.file(),
-            None => return Ok(()),
+            Some(m) if m.shrank_at_end() => return Err(self.shrank()),
+            Some(m) if m.grew() => m.file(),
+            _ => return Ok(false),
         };
         let mut file = file.map_err(|e| Error::io("open input", &self.path, e))?;
         file.seek(SeekFrom::Start(self.offset)).map_err(|e| Error::io("seek input", &self.path, e))?;
@@ -319,7 +315,7 @@ impl LineReader {
         self.map = None;
         self.buf = vec![0; CHUNK];
         (self.start, self.end, self.eof) = (0, 0, false);
-        Ok(())
+        Ok(true)
     }
 
     /// Err when the file shrank under its mapping (bytes handed out may have been zeros).

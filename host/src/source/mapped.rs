@@ -164,9 +164,14 @@ impl Mapped {
     /// failure, on an old kernel or a file cut short, is harmless: reading faults them in).
     #[inline]
     pub fn release_before(&mut self, offset: usize) {
-        if offset < self.released + RELEASE {
-            return;
+        if offset >= self.released + RELEASE {
+            self.release(offset);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release(&mut self, offset: usize) {
         let page = PAGE.load(Ordering::Relaxed);
         let upto = offset / page * page;
         // SAFETY: the range lies in the mapping and page-aligned; bytes before `offset`

@@ -203,7 +203,25 @@ enum Stream {
     },
 }
 
+/// mimalloc (built without transparent huge pages: faulting those in made checkpoint
+/// pauses erratic, 11 to 137 ms instead of a steady 18 to 26). Against glibc's malloc:
+/// delivery panel +7%, stock alert on 10 000 keys +3%, on 1 000 keys +2%.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's `mi_option_purge_delay` (its number in `mi_option_e` of the pinned v3
+/// sources; the Rust bindings do not name it): milliseconds before freed memory goes back
+/// to the system, 1000 by default (`src/options.c`).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// 3 ms instead of 1 s: a checkpoint's short-lived buffers no longer raise the peak RSS
+/// (856k open windows: 280 MiB with 1 s, 242 with 3 ms, 236 with glibc), throughput as
+/// with 1 s.
+const PURGE_DELAY_MS: std::ffi::c_long = 3;
+
 fn main() {
+    // SAFETY: sets an option mimalloc reads when it purges; any value is valid.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KM0_LOG")
@@ -688,4 +706,21 @@ fn bench(
         b.counters.emitted
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Option 15 is the purge delay: its default in the pinned sources is 1000 ms (a
+    /// renumbering in another mimalloc version would show here), and it takes the value set.
+    #[test]
+    fn the_purge_delay_option_is_the_one_set() {
+        // SAFETY: reads and sets a mimalloc option.
+        unsafe {
+            if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+                assert_eq!(libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY), 1000);
+            }
+            libmimalloc_sys::mi_option_set(super::MI_OPTION_PURGE_DELAY, super::PURGE_DELAY_MS);
+            assert_eq!(libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY), 3);
+        }
+    }
 }

@@ -205,7 +205,7 @@ enum Stream {
 
 /// mimalloc (built without transparent huge pages: faulting those in made checkpoint
 /// pauses erratic, 11 to 137 ms instead of a steady 18 to 26). Against glibc's malloc:
-/// delivery panel +7%, stock alert on 10 000 keys +3%, on 1 000 keys +2%.
+/// delivery panel +7%; the stock alert within 2% either way, depending on the measure.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

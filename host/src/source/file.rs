@@ -4,10 +4,9 @@
 //! Each file is mapped into memory ([`super::mapped`]) and split with `memchr`, handing out
 //! borrowed slices, so the cost per record is a scan for the newline; standard input, a
 //! followed file and a file that cannot be mapped are read in large chunks with `read()`
-//! instead. Blank lines are
-//! skipped. Several files are read round-robin, one record from each in turn, which is
-//! deterministic and lets a lagging partition hold the watermark back as a slow Kafka
-//! partition would. A partition's position is the byte offset after the last record
+//! instead. Blank lines are skipped. Several files are read round-robin, one record from
+//! each in turn, which is deterministic and lets a lagging partition hold the watermark
+//! back as a slow Kafka partition would. A partition's position is the byte offset after the last record
 //! handed out, so a savepoint resumes exactly at the next record.
 
 use super::mapped::Mapped;

@@ -459,6 +459,12 @@ impl WindowState {
         self.slot(key, id).map_or(&[], |s| s.acc.as_slice())
     }
 
+    /// [`Self::acc`] through the slot's handle (see [`Self::checked`]).
+    #[inline]
+    pub fn acc_at(&self, h: SlotHandle, key: u32, id: i64) -> &[u8] {
+        self.slot_at(h, key, id).map_or(&[], |s| s.acc.as_slice())
+    }
+
     /// Open a slot if absent; true when it was created.
     #[inline]
     pub fn open(&mut self, key: u32, id: i64, window: Window) -> bool {

@@ -1128,8 +1128,7 @@ impl WindowOperator {
             );
             match panes.get(first) {
                 Some(&(p, h)) => {
-                    let acc = self.state.slot_at(h, k, p).map_or(&[][..], |s| s.acc.as_slice());
-                    windows.push((k, Window { start, end }, Acc::from_slice(acc)));
+                    windows.push((k, Window { start, end }, Acc::from_slice(self.state.acc_at(h, k, p))));
                     pane_at.push(panes.len());
                 }
                 None => panes.truncate(first),
@@ -1144,7 +1143,7 @@ impl WindowOperator {
             let left = packed_of(todo.iter().map(|&w| windows[w].2.as_slice()));
             let right = packed_of(todo.iter().map(|&w| {
                 let (p, h) = panes(w)[r];
-                self.state.slot_at(h, windows[w].0, p).map_or(&[][..], |s| s.acc.as_slice())
+                self.state.acc_at(h, windows[w].0, p)
             }));
             let (merged, faults) = self.merge_pairs(&left, &right)?;
             for (i, &w) in todo.iter().enumerate() {

@@ -85,6 +85,12 @@ def throughput(work):
             ">= 4",
         ),
         ("delivery panel, 140 riders", [panel, "--stream", "delivery", "--events", str(1_000_000 // SCALE)], ">= 1.5"),
+        # Many keys with an ordered plugin (distance): rows of every rider wait a window.
+        (
+            "delivery panel, 5 000 riders",
+            [panel, "--stream", "delivery", "--events", str(1_000_000 // SCALE), "--riders", "5000"],
+            "none set",
+        ),
     ]
     for case, args, goal in cases:
         out, _ = run([KM0, "bench", *args])

@@ -137,6 +137,9 @@ enum Command {
         products: Option<u32>,
         #[arg(long)]
         markets: Option<u32>,
+        /// Delivery stream: repartidores (keys), each with about 6 positions a minute.
+        #[arg(long, default_value_t = 140)]
+        riders: u32,
     },
 }
 
@@ -534,10 +537,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plugin { command: PluginCommand::Inspect { plugin } } => {
             print_plugin(&PluginRuntime::new()?, &plugin)?
         }
-        Command::Bench { pipeline, events, input, stream, repeat, products, markets } => {
+        Command::Bench { pipeline, events, input, stream, repeat, products, markets, riders } => {
             let base = km0::generate::StockStream::default();
             let keys = (products.unwrap_or(base.products), markets.unwrap_or(base.markets));
-            bench(&pipeline, events, input, &stream, repeat, keys)?
+            bench(&pipeline, events, input, &stream, repeat, keys, riders)?
         }
     }
     Ok(())
@@ -640,6 +643,7 @@ fn bench(
     stream: &str,
     repeat: u32,
     (products, markets): (u32, u32),
+    riders: u32,
 ) -> Result<()> {
     let p = load(pipeline)?;
     let tmp = std::env::temp_dir().join(format!("km0-bench-{}", std::process::id()));
@@ -658,8 +662,9 @@ fn bench(
                 }
                 "delivery" => {
                     // About 6 positions per rider and minute.
-                    let minutes = (events / (140 * 6)).max(1) as u32;
-                    let spec = km0::generate::DeliveryStream { minutes, ..Default::default() };
+                    let riders = riders.max(1);
+                    let minutes = (events / (u64::from(riders) * 6)).max(1) as u32;
+                    let spec = km0::generate::DeliveryStream { minutes, riders, ..Default::default() };
                     km0::generate::delivery_stream(&spec, &mut f)?;
                 }
                 other => bail!("unknown --stream {other:?}: stock or delivery"),

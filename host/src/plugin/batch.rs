@@ -8,11 +8,16 @@
 //! operator keeps the rows it handed over until the slot is cleaned up: a row that reaches
 //! a complete slot later brings them back, and the slot is rebuilt from an empty
 //! accumulator with all its rows in order.
+//!
+//! Ordered rows of many keys wait a whole window: a call must cost what it takes, not what
+//! stays. Each group's rows are chained, the groups wait in a heap by slot end, and the
+//! rows taken leave holes that are closed once they outnumber the rows staged.
 
 use super::{empty_packed, packed_clear, packed_push, Column, Events, FieldType, Groups, Packed};
 use crate::state::{KeyTable, SlotHandle, WindowState, NO_SLOT};
 use crate::window::Window;
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -92,9 +97,13 @@ pub struct Batch {
     group_slot: Vec<SlotHandle>,
     /// A group relabelled into another (merged sessions) points at it.
     alias: Vec<u32>,
+    /// Group of every staged row ([`TAKEN`] once an ordered call took it).
     row_group: Vec<u32>,
     row_time: Vec<i64>,
     staged: Vec<Staged>,
+    /// Ordered plugins: rows taken by earlier calls and not yet compacted away.
+    taken_rows: usize,
+    pending: Pending,
     // Reused between calls.
     scratch: Scratch,
     /// Returned by the last [`Batch::assemble`] and handed back ([`Batch::recycle`]).
@@ -108,6 +117,40 @@ pub struct Batch {
 }
 
 const NO_ALIAS: u32 = u32::MAX;
+/// The group of a row an ordered call took; the end of a chain.
+const TAKEN: u32 = u32::MAX;
+const NO_ROW: u32 = u32::MAX;
+
+/// Ordered plugins: the rows of every group and which groups may be complete, so that a
+/// call takes its groups without looking at the others.
+#[derive(Default)]
+struct Pending {
+    /// Next row of the same group: chains in arrival order, joined when groups merge.
+    next: Vec<u32>,
+    /// Per group: first and last row of its chain, whether a call took it, and a lower
+    /// bound of its slot's end (slots do not shrink: a session only grows or merges).
+    head: Vec<u32>,
+    tail: Vec<u32>,
+    taken: Vec<bool>,
+    end_at_least: Vec<i64>,
+    /// (bound, group) of the groups not taken, earliest first; an entry whose bound is
+    /// not the group's current one is stale.
+    by_end: BinaryHeap<Reverse<(i64, u32)>>,
+    /// Groups started since the last call (their slot's end not yet looked up).
+    fresh: Vec<u32>,
+}
+
+impl Pending {
+    fn clear(&mut self) {
+        self.next.clear();
+        self.head.clear();
+        self.tail.clear();
+        self.taken.clear();
+        self.end_at_least.clear();
+        self.by_end.clear();
+        self.fresh.clear();
+    }
+}
 
 /// The working vectors of [`Batch::assemble`], kept between calls for their capacity.
 #[derive(Default)]
@@ -143,6 +186,8 @@ impl Batch {
             row_group: Vec::new(),
             row_time: Vec::new(),
             staged: fields.iter().map(|&t| Staged::new(t)).collect(),
+            taken_rows: 0,
+            pending: Pending::default(),
             scratch: Scratch::default(),
             spare_calls: Vec::new(),
             counts: Vec::new(),
@@ -156,12 +201,12 @@ impl Batch {
     /// Rows staged.
     #[inline]
     pub fn len(&self) -> usize {
-        self.row_time.len()
+        self.row_time.len() - self.taken_rows
     }
 
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.row_time.is_empty()
+        self.len() == 0
     }
 
     /// Whether rows of a plugin with ordered input wait for their slot to complete.
@@ -176,7 +221,8 @@ impl Batch {
 
     /// The keys rows are staged for (a key may come more than once).
     pub fn staged_keys(&self) -> impl Iterator<Item = u32> + '_ {
-        self.group_list.iter().map(|&(key, _)| key)
+        let taken = |g: usize| self.ordered && self.pending.taken[self.canonical(g as u32) as usize];
+        self.group_list.iter().enumerate().filter(move |&(g, _)| !taken(g)).map(|(_, &(key, _))| key)
     }
 
     /// Stage a row's group and time; then push one value per column, in column order.
@@ -191,9 +237,28 @@ impl Batch {
             self.group_slot.push(NO_SLOT);
             self.alias.push(NO_ALIAS);
         }
+        if self.ordered {
+            self.chain(g, new);
+        }
         self.row_group.push(g);
         self.row_time.push(time);
         new
+    }
+
+    /// Ordered plugins: the row about to be staged joins group `g`'s chain.
+    fn chain(&mut self, g: u32, new: bool) {
+        let (p, r) = (&mut self.pending, self.row_time.len() as u32);
+        p.next.push(NO_ROW);
+        if new {
+            p.head.push(r);
+            p.tail.push(r);
+            p.taken.push(false);
+            p.end_at_least.push(i64::MIN);
+            p.fresh.push(g);
+        } else {
+            p.next[p.tail[g as usize] as usize] = r;
+            p.tail[g as usize] = r;
+        }
     }
 
     /// The state's handle of the slot of the group [`Self::push_row`] just started.
@@ -255,7 +320,15 @@ impl Batch {
     pub fn relabel(&mut self, key: u32, from: i64, to: i64) {
         let Some(g_from) = self.index.remove(&(key, from)) else { return };
         match self.index.get(&(key, to)) {
-            Some(&g_to) => self.alias[g_from as usize] = g_to,
+            Some(&g_to) => {
+                self.alias[g_from as usize] = g_to;
+                if self.ordered {
+                    // The merged group's chain goes on with the other's rows.
+                    let (p, f, t) = (&mut self.pending, g_from as usize, g_to as usize);
+                    p.next[p.tail[t] as usize] = p.head[f];
+                    p.tail[t] = p.tail[f];
+                }
+            }
             None => {
                 self.index.insert((key, to), g_from);
                 self.group_list[g_from as usize] = (key, to);
@@ -274,6 +347,7 @@ impl Batch {
     /// The staged rows, in arrival order.
     pub fn rows(&self) -> Vec<Row> {
         (0..self.row_time.len())
+            .filter(|&r| self.row_group[r] != TAKEN)
             .map(|r| {
                 let (key, id) = self.group_list[self.canonical(self.row_group[r]) as usize];
                 Row {
@@ -286,36 +360,31 @@ impl Batch {
             .collect()
     }
 
-    /// Lay staged rows out as one `add` call: rows grouped by (key, slot), sorted by
-    /// event time within a group for ordered plugins, current accumulators and windows
-    /// from `state`. With `ready`, only groups whose slot ends at or before it are taken
-    /// (ordered plugins wait for complete slots); the other rows stay staged. Returns the
-    /// (key, slot id) of the call's groups, in call order; empty when nothing is ready.
+    /// Lay staged rows out as one `add` call: rows grouped by (key, slot), current
+    /// accumulators and windows from `state`. Unordered plugins: every staged row, in
+    /// arrival order within a group. Ordered plugins: the groups whose slot ends at or
+    /// before `ready` (None: every group), each group's rows sorted by event time (ties in
+    /// arrival order); the other rows stay staged. Returns the (key, slot id) of the call's
+    /// groups, in call order (the order the groups were first staged in); empty when
+    /// nothing is ready.
     pub fn assemble(&mut self, keys: &KeyTable, state: &WindowState, ready: Option<i64>) -> Vec<(u32, i64)> {
         let mut scratch = std::mem::take(&mut self.scratch);
-        let calls = self.assemble_with(&mut scratch, keys, state, ready);
+        let calls = if self.ordered {
+            self.assemble_complete(&mut scratch, keys, state, ready.unwrap_or(i64::MAX))
+        } else {
+            self.assemble_all(&mut scratch, keys, state)
+        };
         self.scratch = scratch;
         calls
     }
 
-    fn assemble_with(
-        &mut self,
-        s: &mut Scratch,
-        keys: &KeyTable,
-        state: &WindowState,
-        ready: Option<i64>,
-    ) -> Vec<(u32, i64)> {
+    /// Every staged row, grouped by (key, slot) in arrival order.
+    fn assemble_all(&mut self, s: &mut Scratch, keys: &KeyTable, state: &WindowState) -> Vec<(u32, i64)> {
         let n_groups = self.group_list.len();
-        let n_rows = self.row_time.len();
-        // Canonical group of every row; which canonical groups go into this call.
+        // Dense call index of every canonical group (merged sessions: the one merged into).
         let canon = &mut s.canon;
         canon.clear();
         canon.extend((0..n_groups as u32).map(|g| self.canonical(g)));
-        let window_of = |g: usize| -> Window {
-            let (k, id) = self.group_list[g];
-            state.slot_at(self.group_slot[g], k, id).map_or(Window { start: id, end: i64::MAX }, |s| s.window)
-        };
-        // Dense call index of every taken canonical group.
         let call_index = &mut s.call_index;
         call_index.clear();
         call_index.resize(n_groups, u32::MAX);
@@ -323,7 +392,7 @@ impl Batch {
         call_groups.clear();
         self.call_slots.clear();
         for g in 0..n_groups {
-            if canon[g] as usize == g && ready.is_none_or(|wm| window_of(g).end <= wm) {
+            if canon[g] as usize == g {
                 call_index[g] = call_groups.len() as u32;
                 call_groups.push(self.group_list[g]);
                 self.call_slots.push(self.group_slot[g]);
@@ -332,18 +401,12 @@ impl Batch {
         if call_groups.is_empty() {
             return call_groups;
         }
-
-        // Counting sort of the taken rows by call group (stable: arrival order).
+        // Counting sort of the rows by call group (stable: arrival order).
         let n_call = call_groups.len();
         self.counts.clear();
         self.counts.resize(n_call + 1, 0);
-        let kept = &mut s.kept;
-        kept.clear();
-        for (row, &g) in self.row_group.iter().enumerate() {
-            match call_index[canon[g as usize] as usize] {
-                u32::MAX => kept.push(row),
-                c => self.counts[c as usize + 1] += 1,
-            }
+        for &g in &self.row_group {
+            self.counts[call_index[canon[g as usize] as usize] as usize + 1] += 1;
         }
         for i in 0..n_call {
             self.counts[i + 1] += self.counts[i];
@@ -351,25 +414,156 @@ impl Batch {
         self.events.group_ends.clear();
         self.events.group_ends.extend_from_slice(&self.counts[1..]);
         self.order.clear();
-        self.order.resize(n_rows - kept.len(), 0);
+        self.order.resize(self.row_time.len(), 0);
         for (row, &g) in self.row_group.iter().enumerate() {
-            let c = call_index[canon[g as usize] as usize];
-            if c != u32::MAX {
-                let slot = &mut self.counts[c as usize];
-                self.order[*slot as usize] = row as u32;
-                *slot += 1;
-            }
+            let slot = &mut self.counts[call_index[canon[g as usize] as usize] as usize];
+            self.order[*slot as usize] = row as u32;
+            *slot += 1;
         }
-        if self.ordered {
-            let mut start = 0usize;
-            for &end in &self.events.group_ends {
-                let times = &self.row_time;
-                self.order[start..end as usize].sort_by_key(|&r| times[r as usize]);
-                start = end as usize;
-            }
-        }
+        self.lay_out(&call_groups, keys, state);
+        s.kept.clear();
+        self.restage(s);
+        call_groups
+    }
 
-        // Gather every column in call order.
+    /// Ordered plugins: the groups whose slot ends at or before `ready`, found through the
+    /// heap of slot ends (the groups that stay are not looked at), their rows through their
+    /// chains. The rows taken leave holes, closed once they outnumber the rows staged.
+    fn assemble_complete(
+        &mut self,
+        s: &mut Scratch,
+        keys: &KeyTable,
+        state: &WindowState,
+        ready: i64,
+    ) -> Vec<(u32, i64)> {
+        // A group without a slot (none yet, or no more) waits among the fresh ones, looked
+        // at again by every call, and goes only into a call that takes everything.
+        let end_of = |g: u32| -> Option<i64> {
+            let (k, id) = self.group_list[g as usize];
+            match state.slot_at(self.group_slot[g as usize], k, id) {
+                Some(s) => Some(s.window.end),
+                None => (ready == i64::MAX).then_some(i64::MAX),
+            }
+        };
+        let p = &mut self.pending;
+        for g in std::mem::take(&mut p.fresh) {
+            if self.alias[g as usize] != NO_ALIAS || p.taken[g as usize] {
+                continue;
+            }
+            match end_of(g) {
+                Some(end) => {
+                    p.end_at_least[g as usize] = end;
+                    p.by_end.push(Reverse((end, g)));
+                }
+                None => p.fresh.push(g),
+            }
+        }
+        let taken = &mut s.call_index;
+        taken.clear();
+        while let Some(&Reverse((bound, g))) = p.by_end.peek() {
+            if bound > ready {
+                break;
+            }
+            p.by_end.pop();
+            let gi = g as usize;
+            if p.taken[gi] || self.alias[gi] != NO_ALIAS || p.end_at_least[gi] != bound {
+                continue;
+            }
+            match end_of(g) {
+                Some(end) if end <= ready => {
+                    p.taken[gi] = true;
+                    taken.push(g);
+                }
+                // The slot grew since (a session): it waits for its new end.
+                Some(end) => {
+                    p.end_at_least[gi] = end;
+                    p.by_end.push(Reverse((end, g)));
+                }
+                None => {
+                    p.end_at_least[gi] = i64::MIN;
+                    p.fresh.push(g);
+                }
+            }
+        }
+        let mut call_groups = std::mem::take(&mut self.spare_calls);
+        call_groups.clear();
+        self.call_slots.clear();
+        if taken.is_empty() {
+            return call_groups;
+        }
+        taken.sort_unstable();
+        self.events.group_ends.clear();
+        self.order.clear();
+        for &g in taken.iter() {
+            let start = self.order.len();
+            let mut r = p.head[g as usize];
+            while r != NO_ROW {
+                self.order.push(r);
+                r = p.next[r as usize];
+            }
+            let times = &self.row_time;
+            // Merged chains are not in arrival order: the row number breaks ties.
+            self.order[start..].sort_unstable_by_key(|&r| (times[r as usize], r));
+            self.events.group_ends.push(self.order.len() as u32);
+            let group = self.group_list[g as usize];
+            self.index.remove(&group);
+            call_groups.push(group);
+            self.call_slots.push(self.group_slot[g as usize]);
+        }
+        self.lay_out(&call_groups, keys, state);
+        for &r in &self.order {
+            self.row_group[r as usize] = TAKEN;
+        }
+        self.taken_rows += self.order.len();
+        if self.taken_rows > self.len() {
+            self.compact_taken(s);
+        }
+        call_groups
+    }
+
+    /// Ordered plugins: drop the rows taken, renumber the groups left (in the order of
+    /// their first row) and chain their rows again.
+    fn compact_taken(&mut self, s: &mut Scratch) {
+        let n_groups = self.group_list.len();
+        s.canon.clear();
+        s.canon.extend((0..n_groups as u32).map(|g| self.canonical(g)));
+        s.kept.clear();
+        s.kept.extend((0..self.row_group.len()).filter(|&r| self.row_group[r] != TAKEN));
+        let bounds = std::mem::take(&mut self.pending.end_at_least);
+        let fresh = std::mem::take(&mut self.pending.fresh);
+        self.restage(s);
+        self.taken_rows = 0;
+        let p = &mut self.pending;
+        p.clear();
+        let n = self.group_list.len();
+        p.head.resize(n, NO_ROW);
+        p.tail.resize(n, NO_ROW);
+        p.taken.resize(n, false);
+        p.end_at_least.resize(n, i64::MIN);
+        p.next.resize(self.row_group.len(), NO_ROW);
+        for (r, &g) in self.row_group.iter().enumerate() {
+            let (g, r) = (g as usize, r as u32);
+            match p.tail[g] {
+                NO_ROW => p.head[g] = r,
+                t => p.next[t as usize] = r,
+            }
+            p.tail[g] = r;
+        }
+        for (old, &new) in s.renumber.iter().enumerate() {
+            if new != u32::MAX && bounds[old] != i64::MIN {
+                p.end_at_least[new as usize] = bounds[old];
+                p.by_end.push(Reverse((bounds[old], new)));
+            }
+        }
+        // Groups still without a slot end stay fresh (a taken group is never fresh).
+        p.fresh.extend(
+            fresh.iter().map(|&g| s.renumber[s.canon[g as usize] as usize]).filter(|&g| g != u32::MAX),
+        );
+    }
+
+    /// The call's columns and groups, from the rows in `self.order` (cut by
+    /// `events.group_ends`) and the groups `call_groups` (their slots in `call_slots`).
+    fn lay_out(&mut self, call_groups: &[(u32, i64)], keys: &KeyTable, state: &WindowState) {
         let order = &self.order;
         self.events.event_time.clear();
         self.events.event_time.extend(order.iter().map(|&r| self.row_time[r as usize]));
@@ -410,8 +604,6 @@ impl Batch {
                 )
             }),
         );
-        self.restage(s);
-        call_groups
     }
 
     /// Hand back what [`Batch::assemble`] returned, for its capacity.
@@ -668,5 +860,131 @@ mod tests {
         let Column::Text(texts) = &batch.events.columns[1] else { panic!() };
         assert_eq!((&texts.bytes[..], &texts.ends[..]), (&b"rrrp"[..], &[3, 4][..]));
         assert!(batch.is_empty());
+    }
+
+    /// What an ordered call must hold, from the rule alone: the slots whose end is at or
+    /// before the watermark, each with every row staged for it (merged sessions: theirs
+    /// too) sorted by event time, ties in arrival order; the rest stays staged in arrival
+    /// order. Checked over random stagings, merges, grown slots and watermarks.
+    #[test]
+    fn ordered_calls_take_exactly_the_complete_slots_and_their_rows_in_time_order() {
+        use crate::generate::Rng;
+        /// A staged row of the model: arrival number, key, slot, time, values.
+        #[derive(Clone)]
+        struct Model {
+            seq: usize,
+            key: u32,
+            id: i64,
+            time: i64,
+            int: i64,
+            text: String,
+        }
+        let mut keys = KeyTable::default();
+        let ids: Vec<u32> = (0..6)
+            .map(|k| {
+                let mut e = Vec::new();
+                push_key_field(&mut e, format!("k{k}").as_bytes());
+                keys.intern(&e)
+            })
+            .collect();
+        for seed in 0..40 {
+            let mut rng = Rng::new(seed);
+            let mut state = WindowState::default();
+            let mut batch = Batch::new(&[FieldType::Int, FieldType::Text], 1, true);
+            let mut staged: Vec<Model> = Vec::new();
+            let (mut seq, mut wm) = (0usize, 0i64);
+            for step in 0..400 {
+                let key = ids[rng.below(ids.len() as u64) as usize];
+                let id = rng.below(8) as i64 * 10;
+                match rng.below(20) {
+                    0 => {
+                        // A slot grows (a session): its end only moves later.
+                        if let Some(w) = state.slot(key, id).map(|s| s.window) {
+                            let grown = Window { start: w.start, end: w.end + rng.below(30) as i64 };
+                            state.set_window(key, id, grown);
+                        }
+                    }
+                    1 => {
+                        // Session `id` merges into `to`: its rows and window go there.
+                        let to = rng.below(8) as i64 * 10;
+                        let (Some(a), Some(b)) = (state.slot(key, id), state.slot(key, to)) else { continue };
+                        if id == to {
+                            continue;
+                        }
+                        let w = a.window.union(&b.window);
+                        state.remove(key, id);
+                        state.set_window(key, to, w);
+                        batch.relabel(key, id, to);
+                        staged.iter_mut().filter(|r| r.key == key && r.id == id).for_each(|r| r.id = to);
+                    }
+                    2..=4 => {
+                        wm += rng.below(25) as i64;
+                        let ready = if step == 399 { None } else { Some(wm) };
+                        let calls = batch.assemble(&keys, &state, ready);
+                        let end = |k: u32, id: i64| state.slot(k, id).map_or(i64::MAX, |s| s.window.end);
+                        let done = |r: &Model| ready.is_none_or(|wm| end(r.key, r.id) <= wm);
+                        let mut want: Vec<(u32, i64)> =
+                            staged.iter().filter(|r| done(r)).map(|r| (r.key, r.id)).collect();
+                        want.sort_unstable();
+                        want.dedup();
+                        let mut got = calls.clone();
+                        got.sort_unstable();
+                        assert_eq!(got, want, "seed {seed} step {step}: the complete slots");
+                        let Column::Int(ints) = &batch.events.columns[0] else { panic!() };
+                        let Column::Text(texts) = &batch.events.columns[1] else { panic!() };
+                        for (i, &(k, id)) in calls.iter().enumerate() {
+                            let mut rows: Vec<&Model> =
+                                staged.iter().filter(|r| (r.key, r.id) == (k, id)).collect();
+                            rows.sort_by_key(|r| (r.time, r.seq));
+                            let from = if i == 0 { 0 } else { batch.events.group_ends[i - 1] as usize };
+                            let to = batch.events.group_ends[i] as usize;
+                            let got: Vec<(i64, i64, &[u8])> = (from..to)
+                                .map(|j| {
+                                    (
+                                        batch.events.event_time[j],
+                                        ints[j],
+                                        crate::plugin::packed_item(texts, j),
+                                    )
+                                })
+                                .collect();
+                            let want: Vec<(i64, i64, &[u8])> =
+                                rows.iter().map(|r| (r.time, r.int, r.text.as_bytes())).collect();
+                            assert_eq!(got, want, "seed {seed} step {step}: the rows of {k}/{id}");
+                            let w = state.slot(k, id).map(|s| s.window);
+                            assert_eq!(batch.groups.window_end[i], w.map_or(id, |w| w.end));
+                        }
+                        staged.retain(|r| !done(r));
+                        batch.recycle(calls);
+                    }
+                    _ => {
+                        if rng.below(4) > 0 {
+                            state.open(key, id, Window { start: id, end: id + 10 + rng.below(20) as i64 });
+                        }
+                        let (time, int) = (id + rng.below(10) as i64, rng.below(100) as i64);
+                        let text = "x".repeat(rng.below(4) as usize);
+                        batch.push_row(key, id, time);
+                        batch.push_int(0, int);
+                        batch.push_text(1, &text);
+                        staged.push(Model { seq, key, id, time, int, text });
+                        seq += 1;
+                    }
+                }
+                let left: Vec<(u32, i64, i64, Vec<Value>)> =
+                    batch.rows().into_iter().map(|r| (r.key, r.id, r.time, r.values)).collect();
+                let want: Vec<(u32, i64, i64, Vec<Value>)> = staged
+                    .iter()
+                    .map(|r| (r.key, r.id, r.time, vec![Value::Int(r.int), Value::Text(r.text.clone())]))
+                    .collect();
+                assert_eq!(left, want, "seed {seed} step {step}: the rows that stay, in arrival order");
+                assert_eq!(batch.len(), staged.len());
+                let mut staged_keys: Vec<u32> = batch.staged_keys().collect();
+                staged_keys.sort_unstable();
+                staged_keys.dedup();
+                let mut want_keys: Vec<u32> = staged.iter().map(|r| r.key).collect();
+                want_keys.sort_unstable();
+                want_keys.dedup();
+                assert_eq!(staged_keys, want_keys, "seed {seed} step {step}: the keys with staged rows");
+            }
+        }
     }
 }

@@ -924,7 +924,6 @@ impl WindowOperator {
             self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
             return Ok(());
         }
-        self.flush(Some(wm))?;
         let sessions = matches!(self.assigner, Assigner::Session { .. });
         let mut fires = Vec::new();
         let mut cleanups = Vec::new();
@@ -949,6 +948,14 @@ impl WindowOperator {
                 TimerKind::Cleanup => cleanups.push((t.key, t.id)),
             }
         }
+        if fires.is_empty() && cleanups.is_empty() {
+            // Only stale timers were due (sessions that grew since): no call.
+            self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
+            return Ok(());
+        }
+        // Staged rows reach the accumulators (ordered plugins: of the complete slots)
+        // before they fire or end. Popping timers reads only windows, which a flush keeps.
+        self.flush(Some(wm))?;
         if matches!(self.assigner, Assigner::Sliding { .. }) {
             // Every pane of a window sets the window's timer: it fires once.
             fires.sort_unstable();

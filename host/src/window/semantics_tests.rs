@@ -17,6 +17,8 @@ const FAULTY: i64 = 13;
 struct Times {
     info: PluginInfo,
     identity: PluginIdentity,
+    /// `add` calls so far (reported as the calls' count).
+    adds: u64,
 }
 
 fn times(ordered: bool) -> Box<dyn Aggregator> {
@@ -35,7 +37,7 @@ fn times(ordered: bool) -> Box<dyn Aggregator> {
         contract: crate::plugin::CONTRACT_VERSION.into(),
         key_fields: 0,
     };
-    Box::new(Times { info, identity })
+    Box::new(Times { info, identity, adds: 0 })
 }
 
 fn item(p: &Packed, i: usize) -> &[u8] {
@@ -56,6 +58,7 @@ impl Aggregator for Times {
     }
 
     fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
+        self.adds += 1;
         if events.event_time.contains(&FAULTY) {
             return Err(Error::PluginCall {
                 plugin: "times".into(),
@@ -99,6 +102,10 @@ impl Aggregator for Times {
 
     fn reset(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    fn calls(&self) -> crate::plugin::CallStats {
+        crate::plugin::CallStats { count: self.adds, ..Default::default() }
     }
 }
 
@@ -174,6 +181,33 @@ fn sessions_merge_when_an_event_bridges_them_and_stay_apart_past_the_gap() {
     let mut all = got["1|k"].clone();
     all.sort();
     assert_eq!(all, [1, 5, 8]);
+}
+
+#[test]
+fn a_session_that_keeps_growing_costs_no_call_until_it_fires() {
+    // Gap 5, an event every 2 ms, the watermark 1 behind: each event moves the session's
+    // end past the timer set before it, so timers keep coming due while the session is
+    // open. Its rows wait for the batch to fill or the session to fire: one `add` call,
+    // at the end of the input, with all 51 events.
+    for ordered in [false, true] {
+        let spec = WindowSpec { kind: WindowKind::Session { gap_ms: 5 }, allowed_lateness_ms: 0 };
+        let mut op = WindowOperator::new("w", false, &spec, times(ordered), 1024, 1, Vec::new());
+        let mut key = Vec::new();
+        crate::state::push_key_field(&mut key, b"k");
+        let mut out = Vec::new();
+        for t in (0..=100).step_by(2) {
+            op.advance(t - 1, &mut out).unwrap();
+            assert_eq!(op.on_event(&key, t, t - 1, &[], &mut out).unwrap(), Verdict::Accepted);
+        }
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(op.plugin().calls().count, 0, "ordered: {ordered}");
+        op.drain(&mut out).unwrap();
+        assert_eq!(op.plugin().calls().count, 1, "ordered: {ordered}");
+        assert_eq!(out.len(), 1);
+        let v: serde_json::Value = serde_json::from_str(out[0].value.as_deref().unwrap()).unwrap();
+        assert_eq!(out[0].key, "0|k");
+        assert_eq!(v["times"], serde_json::json!((0..=100).step_by(2).collect::<Vec<i64>>()));
+    }
 }
 
 #[test]

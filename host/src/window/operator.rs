@@ -814,7 +814,9 @@ impl WindowOperator {
     /// slot's rows; a slot restored from an older savepoint with an accumulator and no rows
     /// just takes later rows in arrival order). Call before its accumulator is replaced.
     fn hold(&mut self, i: usize, key: u32, id: i64) {
-        if !self.batch.ordered() {
+        // A slot that ends when it fires (no allowed lateness, no later window) is handed
+        // over as it fires, and no row can reach it afterwards: nothing to keep.
+        if !self.batch.ordered() || self.fire_cleans_up() {
             return;
         }
         if !self.reopened.is_empty() {

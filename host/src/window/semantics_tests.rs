@@ -163,6 +163,25 @@ fn an_ordered_sliding_window_gets_its_panes_events_in_time_order() {
 }
 
 #[test]
+fn an_event_that_reaches_a_pane_handed_over_already_is_put_in_its_time_order() {
+    // Size 10 every 5. At watermark 6 pane [0,5) {2, 4} is complete: handed over, and
+    // [-5,5) fires with it. 1 then arrives: late for [-5,5), but [0,10) is still open, so
+    // the pane is rebuilt with 1 first.
+    let (got, verdicts) = run(
+        WindowKind::Sliding { size_ms: 10, slide_ms: 5 },
+        0,
+        true,
+        &[(2, NONE), (4, NONE), (6, 6), (1, 6)],
+    );
+    assert_eq!(got, windows(&[("-5|k", &[2, 4]), ("0|k", &[1, 2, 4, 6]), ("5|k", &[6])]));
+    assert_eq!(verdicts[3], Verdict::Accepted);
+    // Tumbling, lateness 5: [0,5) fires at watermark 7 with {3}; 2 arrives within the
+    // lateness and it fires again with {2, 3}.
+    let (got, _) = run(WindowKind::Tumbling { size_ms: 5 }, 5, true, &[(3, NONE), (2, 7)]);
+    assert_eq!(got, windows(&[("0|k", &[2, 3])]));
+}
+
+#[test]
 fn sessions_merge_when_an_event_bridges_them_and_stay_apart_past_the_gap() {
     // Gap 5: 1 and 3 open [1,8); 20 opens [20,25); 7 extends the first to [1,12). Ordered:
     // the merged session's events come in time order. 24 extends [20,25) to [20,29); 30

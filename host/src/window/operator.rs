@@ -150,6 +150,10 @@ pub struct WindowOperator {
     columns: Vec<(usize, FieldType)>,
     /// Earliest timer: nothing fires before the watermark reaches it.
     next_fire: i64,
+    /// Set while timers hand over slots that end in the same call (they fire or are
+    /// cleaned up, with no allowed lateness and no later window): no row can reach them
+    /// afterwards, so their rows are not kept.
+    handing_over_to_close: bool,
     /// The slot of the last event (tumbling windows, sliding panes): the next event
     /// usually falls in it too, and then needs no division.
     last_slot: Window,
@@ -206,6 +210,7 @@ impl WindowOperator {
             plugin,
             columns,
             next_fire: i64::MAX,
+            handing_over_to_close: false,
             last_slot: Window { start: 0, end: 0 },
             sessions: FastMap::default(),
             next_session: 0,
@@ -814,9 +819,9 @@ impl WindowOperator {
     /// slot's rows; a slot restored from an older savepoint with an accumulator and no rows
     /// just takes later rows in arrival order). Call before its accumulator is replaced.
     fn hold(&mut self, i: usize, key: u32, id: i64) {
-        // A slot that ends when it fires (no allowed lateness, no later window) is handed
-        // over as it fires, and no row can reach it afterwards: nothing to keep.
-        if !self.batch.ordered() || self.fire_cleans_up() {
+        // Slots handed over as they end keep nothing. (Another flush may take a complete
+        // slot too: one restored with its timers due, before the watermark moves.)
+        if !self.batch.ordered() || self.handing_over_to_close {
             return;
         }
         if !self.reopened.is_empty() {
@@ -957,7 +962,12 @@ impl WindowOperator {
         }
         // Staged rows reach the accumulators (ordered plugins: of the complete slots)
         // before they fire or end. Popping timers reads only windows, which a flush keeps.
-        self.flush(Some(wm))?;
+        // Every slot it takes has a timer due now (or had one popped already), so when
+        // slots end as they fire, all it takes are dropped below.
+        self.handing_over_to_close = self.fire_cleans_up();
+        let flushed = self.flush(Some(wm));
+        self.handing_over_to_close = false;
+        flushed?;
         if matches!(self.assigner, Assigner::Sliding { .. }) {
             // Every pane of a window sets the window's timer: it fires once.
             fires.sort_unstable();

@@ -182,6 +182,47 @@ fn an_event_that_reaches_a_pane_handed_over_already_is_put_in_its_time_order() {
 }
 
 #[test]
+fn a_restored_session_handed_over_before_its_timers_run_is_rebuilt_in_time_order() {
+    // Gap 10, no allowed lateness, rows handed over one batch at a time. Restored at
+    // watermark 12: session [0,10) with rows 0 and 5 (a savepoint taken with lateness, its
+    // timers not run yet). Key j's row hands it over; 3 then joins it ([3,13) overlaps it)
+    // before the watermark moves: the session is rebuilt with 0, 3, 5 in order.
+    use super::operator::{SavedRow, SavedSlot, Snapshot};
+    use crate::window::Window;
+    let spec = WindowSpec { kind: WindowKind::Session { gap_ms: 10 }, allowed_lateness_ms: 0 };
+    let mut op = WindowOperator::new("w", false, &spec, times(true), 1, 1, Vec::new());
+    let key = |k: &[u8]| {
+        let mut e = Vec::new();
+        crate::state::push_key_field(&mut e, k);
+        e
+    };
+    let row = |time| SavedRow { key: key(b"k"), id: 0, time, values: Vec::new() };
+    let snap = Snapshot {
+        slots: vec![SavedSlot {
+            key: key(b"k"),
+            id: 0,
+            window: Window { start: 0, end: 10 },
+            acc: Vec::new(),
+        }],
+        rows: vec![row(0), row(5)],
+        counters: Default::default(),
+    };
+    op.restore(&snap, 12, true).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(op.on_event(&key(b"j"), 20, 12, &[], &mut out).unwrap(), Verdict::Accepted);
+    assert_eq!(op.on_event(&key(b"k"), 3, 12, &[], &mut out).unwrap(), Verdict::Accepted);
+    op.drain(&mut out).unwrap();
+    let got: BTreeMap<String, Vec<i64>> = out
+        .into_iter()
+        .filter_map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e.value.as_deref()?).unwrap();
+            Some((e.key, v["times"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect()))
+        })
+        .collect();
+    assert_eq!(got, windows(&[("0|k", &[0, 3, 5]), ("20|j", &[20])]));
+}
+
+#[test]
 fn sessions_merge_when_an_event_bridges_them_and_stay_apart_past_the_gap() {
     // Gap 5: 1 and 3 open [1,8); 20 opens [20,25); 7 extends the first to [1,12). Ordered:
     // the merged session's events come in time order. 24 extends [20,25) to [20,29); 30

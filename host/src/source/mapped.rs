@@ -35,6 +35,15 @@ const MADV_POPULATE_READ: libc::c_int = 22;
 /// Bytes searched for a newline before the note of a shrunken file is looked at again.
 const SEARCH: usize = 1 << 20;
 
+/// How far ahead of a record the reader asks the processor for the next one (three cache
+/// lines, about a record of the reference streams). The newline search is the first to
+/// touch a record's bytes and would wait for memory on each of its lines; asked for a
+/// kilobyte (a few records) early, they arrive while the records before are processed:
+/// +6% on 10 000 keys, +2% on 1 000. 512 B to 2 KiB measured the same; 4 KiB ahead with
+/// a hint that skips the outer caches was slower.
+const PREFETCH_AHEAD: usize = 1024;
+const PREFETCH_LINES: usize = 3;
+
 /// The file shrank under its mapping.
 #[derive(Debug)]
 pub struct Shrank;
@@ -119,6 +128,7 @@ impl Mapped {
     /// it (instead of faulting its way through the rest of the mapping).
     #[inline]
     pub fn newline(&self, from: usize, to: usize) -> Result<Option<usize>, Shrank> {
+        self.prefetch(from.saturating_add(PREFETCH_AHEAD));
         let bytes = self.bytes();
         let mut at = from;
         loop {
@@ -133,6 +143,21 @@ impl Mapped {
                 return Err(Shrank);
             }
             at = upto;
+        }
+    }
+
+    /// Ask for the cache lines at `at` (within the mapping) ahead of their reading.
+    #[inline(always)]
+    fn prefetch(&self, at: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if at < self.len {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let p = self.ptr.as_ptr().wrapping_add(at).cast::<i8>();
+            for line in 0..PREFETCH_LINES {
+                // SAFETY: a prefetch is a hint: it reads nothing the program sees and
+                // never faults (on a page cut from a shrunken file it is dropped).
+                unsafe { _mm_prefetch(p.wrapping_add(64 * line), _MM_HINT_T0) };
+            }
         }
     }
 

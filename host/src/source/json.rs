@@ -755,6 +755,32 @@ mod tests {
     }
 
     #[test]
+    fn integers_of_every_length_and_what_follows_them_read_as_the_standard_parser_reads_them() {
+        let mut p = Projection::new(&["n"]);
+        let mut rng = crate::generate::Rng::new(9);
+        for len in 1..=21 {
+            for after in [", \"x\": 1}", "}", " }", ".5}", "e3}", "E+1}", "x}", ":1}", "1"] {
+                for sign in ["", "-"] {
+                    let mut digits: String =
+                        (0..len).map(|_| char::from(b'0' + rng.below(10) as u8)).collect();
+                    if len > 1 && digits.starts_with('0') {
+                        digits.replace_range(..1, "7");
+                    }
+                    let rec = format!("{{\"n\": {sign}{digits}{after}");
+                    match (scan(&mut p, &rec), serde_json::from_str::<serde_json::Value>(&rec)) {
+                        (Ok(got), Ok(v)) => match v["n"].as_i64() {
+                            Some(want) => assert_eq!(got[0], Some(Scalar::Int(want)), "{rec}"),
+                            None => assert!(matches!(got[0], Some(Scalar::Number(_))), "{rec}"),
+                        },
+                        (Err(_), Err(_)) => {}
+                        (got, want) => panic!("{rec}: scanned {got:?}, serde_json {want:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn every_number_the_scan_yields_parses_as_a_float() {
         // The window operator relies on it: a float field is not parsed to be checked.
         let mut p = Projection::new(&["n"]);

@@ -164,6 +164,8 @@ struct Scratch {
     /// The group list and slots before a restage.
     old_groups: Vec<(u32, i64)>,
     old_slots: Vec<SlotHandle>,
+    /// Ordered plugins: the groups a call takes.
+    complete: Vec<u32>,
 }
 
 impl Batch {
@@ -458,7 +460,7 @@ impl Batch {
                 None => p.fresh.push(g),
             }
         }
-        let taken = &mut s.call_index;
+        let taken = &mut s.complete;
         taken.clear();
         while let Some(&Reverse((bound, g))) = p.by_end.peek() {
             if bound > ready {

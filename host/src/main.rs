@@ -137,6 +137,13 @@ enum Command {
         products: Option<u32>,
         #[arg(long)]
         markets: Option<u32>,
+        /// Stock stream: event time between consecutive events, ms (default 20: with
+        /// 50 x 20 keys, 15 events per key and 5-minute window).
+        #[arg(long)]
+        gap_ms: Option<i64>,
+        /// Stock stream: share of events delayed past the watermark (default 0.002).
+        #[arg(long)]
+        late_fraction: Option<f64>,
         /// Delivery stream: repartidores (keys), each with about 6 positions a minute.
         #[arg(long, default_value_t = 140)]
         riders: u32,
@@ -537,10 +544,28 @@ fn run(cli: Cli) -> Result<()> {
         Command::Plugin { command: PluginCommand::Inspect { plugin } } => {
             print_plugin(&PluginRuntime::new()?, &plugin)?
         }
-        Command::Bench { pipeline, events, input, stream, repeat, products, markets, riders } => {
+        Command::Bench {
+            pipeline,
+            events,
+            input,
+            stream,
+            repeat,
+            products,
+            markets,
+            gap_ms,
+            late_fraction,
+            riders,
+        } => {
             let base = km0::generate::StockStream::default();
-            let keys = (products.unwrap_or(base.products), markets.unwrap_or(base.markets));
-            bench(&pipeline, events, input, &stream, repeat, keys, riders)?
+            let stock = km0::generate::StockStream {
+                events,
+                products: products.unwrap_or(base.products),
+                markets: markets.unwrap_or(base.markets),
+                gap_ms: gap_ms.unwrap_or(base.gap_ms),
+                late_fraction: late_fraction.unwrap_or(base.late_fraction),
+                ..base
+            };
+            bench(&pipeline, input, &stream, repeat, &stock, riders)?
         }
     }
     Ok(())
@@ -638,13 +663,13 @@ fn print_summary(s: &Summary) {
 
 fn bench(
     pipeline: &Path,
-    events: u64,
     input: Option<PathBuf>,
     stream: &str,
     repeat: u32,
-    (products, markets): (u32, u32),
+    stock: &km0::generate::StockStream,
     riders: u32,
 ) -> Result<()> {
+    let events = stock.events;
     let p = load(pipeline)?;
     let tmp = std::env::temp_dir().join(format!("km0-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
@@ -655,10 +680,10 @@ fn bench(
             let mut f = std::fs::File::create(&path)?;
             match stream {
                 "stock" => {
-                    km0::generate::stock_stream(
-                        &km0::generate::StockStream { events, products, markets, ..Default::default() },
-                        &mut f,
-                    )?;
+                    if stock.gap_ms < 0 || !(0.0..=1.0).contains(&stock.late_fraction) {
+                        bail!("--gap-ms must be >= 0 and --late-fraction within [0, 1]");
+                    }
+                    km0::generate::stock_stream(stock, &mut f)?;
                 }
                 "delivery" => {
                     // About 6 positions per rider and minute.

@@ -531,8 +531,17 @@ fn window_spec(w: RawWindow, at: &str) -> Result<WindowSpec, String> {
     Ok(WindowSpec { kind, allowed_lateness_ms: w.allowed_lateness.unwrap_or(0) })
 }
 
+/// Events per plugin call when `[plugin].batch_size` is not set. A group's (key and
+/// slot's) rows go to the plugin together, and every group costs a round trip of its
+/// accumulator (read, encoded into the call, decoded and encoded by the guest, written
+/// back): with 10 000 keys and ~4 events per key and window, 65 536 events a call (about
+/// 8 minutes of that stream) gather a window's events into one group and ran 13% faster
+/// than 8 192, 1.5% with 1 000 keys; a checkpoint, which hands the staged events to the
+/// plugin first, paused 26 ms instead of 19 with 856 298 open windows.
+pub const DEFAULT_BATCH_SIZE: usize = 65_536;
+
 fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Result<PluginSpec, String> {
-    let batch_size = p.batch_size.unwrap_or(8192);
+    let batch_size = p.batch_size.unwrap_or(DEFAULT_BATCH_SIZE);
     if batch_size == 0 {
         return Err(format!("`{at}.batch_size` must be positive"));
     }

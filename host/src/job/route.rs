@@ -6,6 +6,7 @@ use super::runner::{report_lag, LagReport};
 use super::*;
 use crate::checkpoint::components::Component;
 use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
+use crate::source::json::Scalar;
 use crate::window::aggregator::Aggregator;
 
 /// The job's loop state.
@@ -168,6 +169,20 @@ impl Job {
         c
     }
 
+    /// Process the record at the start of `ahead` (the input from there on) when its
+    /// layout was seen before and it ends before a line break: its length (see
+    /// [`crate::source::json::Projection::scan_framed`]); None, having done nothing, when
+    /// it must be found by its line break and go through [`Job::on_record`].
+    #[inline]
+    pub(super) fn on_record_framed(&mut self, ahead: &[u8], pos: Position) -> Result<Option<usize>> {
+        let mut slots = [None; MAX_FIELDS];
+        let slots = &mut slots[..self.decoder.projection.len()];
+        let Some(len) = self.decoder.projection.scan_framed(ahead, slots) else { return Ok(None) };
+        self.read += 1;
+        self.on_scanned(&ahead[..len], pos, slots)?;
+        Ok(Some(len))
+    }
+
     /// Process one record.
     #[inline]
     pub(super) fn on_record(&mut self, record: &[u8], pos: Position) -> Result<()> {
@@ -189,6 +204,12 @@ impl Job {
             }
             return Ok(());
         }
+        self.on_scanned(record, pos, slots)
+    }
+
+    /// A record scanned into `slots` (its fields, in projection order).
+    #[inline(always)]
+    fn on_scanned(&mut self, record: &[u8], pos: Position, slots: &[Option<Scalar>]) -> Result<()> {
         let partition = if self.by_field {
             let name = self.decoder.partition_name(slots);
             self.watermarks.partition(&name)

@@ -7,6 +7,7 @@ use super::commands::{ControlHandle, StopMode};
 use super::port::LoopControl;
 use super::route::Job;
 use super::*;
+use crate::source::Framed;
 
 pub(super) fn start(
     pipeline: &Pipeline,
@@ -162,9 +163,13 @@ pub(super) fn start(
                 }
             }
         }
-        match source.next_record()? {
-            Some((record, pos)) => {
-                job.on_record(record, pos)?;
+        // A record whose layout the scanner knows is scanned where it lies, in the input
+        // ahead, which finds its end too; others are found by their line break first.
+        match source.next_record_framed(|ahead, pos| job.on_record_framed(ahead, pos))? {
+            got @ (Framed::Taken | Framed::Record(..)) => {
+                if let Framed::Record(record, pos) = got {
+                    job.on_record(record, pos)?;
+                }
                 for p in source.take_ended() {
                     job.partition_ended(p)?;
                 }
@@ -186,8 +191,8 @@ pub(super) fn start(
                     take_commands = true;
                 }
             }
-            None if follow && super::signals::stop_requested() => stopped = true,
-            None if follow => {
+            Framed::End if follow && super::signals::stop_requested() => stopped = true,
+            Framed::End if follow => {
                 // Nothing new: checkpoint if due, then wait for input.
                 for p in source.take_ended() {
                     job.partition_ended(p)?;
@@ -206,7 +211,7 @@ pub(super) fn start(
                 std::thread::sleep(Duration::from_millis(if idle_loops < 10 { 1 } else { 20 }));
                 continue;
             }
-            None => break,
+            Framed::End => break,
         }
         idle_loops = 0;
     }

@@ -2,7 +2,9 @@
 //! partition per file.
 //!
 //! Each file is mapped into memory ([`super::mapped`]) and split with `memchr`, handing out
-//! borrowed slices, so the cost per record is a scan for the newline; standard input, a
+//! borrowed slices, so the cost per record is a scan for the newline; or, when the job's
+//! scanner knows the record's layout, not even that: it scans the record where it lies and
+//! tells where it ends ([`FileSource::next_record_framed`]); standard input, a
 //! followed file and a file that cannot be mapped are read in large chunks with `read()`
 //! instead. Blank lines are skipped. Several files are read round-robin, one record from
 //! each in turn, which is deterministic and lets a lagging partition hold the watermark
@@ -10,7 +12,7 @@
 //! handed out, so a savepoint resumes exactly at the next record.
 
 use super::mapped::Mapped;
-use super::{PartitionPosition, Position, SourcePosition};
+use super::{Framed, PartitionPosition, Position, SourcePosition};
 use crate::{Error, Result};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -95,22 +97,45 @@ impl FileSource {
 
     /// The next record of the next partition that has one.
     pub fn next_record(&mut self) -> Result<Option<(&[u8], Position)>> {
+        match self.next_record_framed(|_, _| Ok(None))? {
+            Framed::Record(record, pos) => Ok(Some((record, pos))),
+            Framed::Taken | Framed::End => Ok(None),
+        }
+    }
+
+    /// The next record, offered first to `take` where it starts: `take` gets the input
+    /// from there on (the rest of the file as far as it is mapped or read, many records)
+    /// and the record's position, and may take the record itself when it can tell where
+    /// it ends, returning its length; the bytes at that length must be a line break (`\n`
+    /// or `\r\n`), and none may come before it (the record is the line the newline search
+    /// would find: [`crate::source::json::Projection::scan_framed`]). Otherwise (None) the record is
+    /// found by its line break and returned, as [`FileSource::next_record`] does.
+    pub fn next_record_framed(
+        &mut self,
+        take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>,
+    ) -> Result<Framed<'_>> {
         let n = self.parts.len();
+        let mut take = Some(take);
         for _ in 0..n {
             let p = self.next;
             self.next = (self.next + 1) % n;
             if self.parts[p].done {
                 continue;
             }
+            if let Some(take) = take.take() {
+                if self.parts[p].take_framed(take)? {
+                    return Ok(Framed::Taken);
+                }
+            }
             if self.parts[p].advance()? {
                 let part = &self.parts[p];
-                return Ok(Some((&part.bytes()[part.rec.0..part.rec.1], part.rec_pos)));
+                return Ok(Framed::Record(&part.bytes()[part.rec.0..part.rec.1], part.rec_pos));
             }
             if self.parts[p].done {
                 self.ended.push(p as u32);
             }
         }
-        Ok(None)
+        Ok(Framed::End)
     }
 
     /// Err when a mapped file shrank while it was read: a record handed out since the
@@ -236,6 +261,45 @@ impl LineReader {
             Some(m) => m.bytes(),
             None => &self.buf,
         }
+    }
+
+    /// Offer the input ahead to `take` (see [`FileSource::next_record_framed`]); true
+    /// when it took a record (then the reader is past it and its line break).
+    #[inline]
+    fn take_framed(&mut self, take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>) -> Result<bool> {
+        let (s, end) = (self.start, self.end);
+        if s >= end {
+            return Ok(false);
+        }
+        if let Some(m) = &self.map {
+            m.prefetch_ahead(s);
+        }
+        if self.map.as_ref().is_some_and(Mapped::shrank) {
+            return Err(self.shrank());
+        }
+        let pos = Position { partition: self.partition, line: self.lines + 1, offset: self.offset };
+        let Some(len) = take(&self.bytes()[s..end], pos)? else { return Ok(false) };
+        let line_break = match self.bytes().get(s + len..) {
+            Some([b'\n', ..]) => 1,
+            Some([b'\r', b'\n', ..]) => 2,
+            _ => {
+                let what =
+                    format!("the record taken at byte {} does not end before a line break", self.offset);
+                return Err(Error::io("read input", &self.path, std::io::Error::other(what)));
+            }
+        };
+        self.start = s + len + line_break;
+        self.offset += (len + line_break) as u64;
+        self.lines += 1;
+        if let Some(m) = &mut self.map {
+            // As after a newline search: `take` read every byte of the record.
+            if m.shrank() {
+                return Err(self.shrank());
+            }
+            m.release_before(s);
+        }
+        self.records += 1;
+        Ok(true)
     }
 
     fn next_line(&mut self) -> Result<Option<(usize, usize, Position)>> {
@@ -420,6 +484,78 @@ mod tests {
         assert_eq!(rest[0].0, "{\"a\":3}");
         assert_eq!(rest[0].1, all[2].1);
         assert_eq!(resumed.records(), 3);
+    }
+
+    /// Every record, offered to a projection's framed scan first, as the job reads.
+    fn collect_framed(src: &mut FileSource, stop_after: usize) -> (Vec<(String, Position)>, usize) {
+        let mut p = crate::source::json::Projection::new(&["a", "b"]);
+        let (mut out, mut framed) = (Vec::new(), 0);
+        while out.len() < stop_after {
+            let mut taken = None;
+            let got = src
+                .next_record_framed(|ahead, pos| {
+                    let mut slots = [None; 2];
+                    let len = p.scan_framed(ahead, &mut slots);
+                    taken = len.map(|n| (String::from_utf8(ahead[..n].to_vec()).unwrap(), pos));
+                    Ok(len)
+                })
+                .unwrap();
+            match got {
+                Framed::Taken => {
+                    out.extend(taken.take());
+                    framed += 1;
+                }
+                Framed::Record(r, pos) => {
+                    // As the job does with a record found by its line break.
+                    let mut slots = [None; 2];
+                    let _ = p.scan(r, &mut slots);
+                    out.push((String::from_utf8(r.to_vec()).unwrap(), pos));
+                }
+                Framed::End => break,
+            }
+        }
+        (out, framed)
+    }
+
+    #[test]
+    fn records_taken_where_they_lie_are_the_records_and_positions_of_the_lines() {
+        // Reference: the same files read line by line (`next_record`, whose positions the
+        // test above checks by hand), mapped and read with `read()`.
+        let dir = tempfile::tempdir().unwrap();
+        let mut one = String::new();
+        let mut two = String::new();
+        for i in 0..500 {
+            one.push_str(&format!("{{\"a\": {i}, \"b\": \"x{i}\"}}\n"));
+            match i % 50 {
+                7 => two.push_str("{\"a\": 1, \"b\": \"broken\nline\"}\n"),
+                8 => two.push_str("{\"a\": 2, \"b\": \"crlf\"}\r\n"),
+                9 => two.push_str("\n   \n"),
+                10 => two.push_str("not json\n"),
+                _ => two.push_str(&format!("{{\"b\": \"y\", \"a\": {i}}}\n")),
+            }
+        }
+        two.push_str("{\"b\": \"last\", \"a\": 0}");
+        let paths = [dir.path().join("one.jsonl"), dir.path().join("two.jsonl")];
+        std::fs::write(&paths[0], &one).unwrap();
+        std::fs::write(&paths[1], &two).unwrap();
+        for map in [true, false] {
+            let mut lines = FileSource::open_parts(&paths, false, map, None).unwrap();
+            let expected = collect(&mut lines);
+            let mut framed_src = FileSource::open_parts(&paths, false, map, None).unwrap();
+            let (got, framed) = collect_framed(&mut framed_src, usize::MAX);
+            assert_eq!(got, expected, "mapped: {map}");
+            assert!(framed > 900, "mapped: {map}: {framed} framed");
+            assert_eq!(framed_src.records(), lines.records());
+            assert_eq!(framed_src.position().partitions, lines.position().partitions);
+            assert_eq!(framed_src.take_ended(), lines.take_ended());
+
+            // Stopped part-way, the position resumes at the next record.
+            let mut part = FileSource::open_parts(&paths, false, map, None).unwrap();
+            let (head, _) = collect_framed(&mut part, 333);
+            let mut resumed = FileSource::open_parts(&paths, false, map, Some(&part.position())).unwrap();
+            let tail = collect(&mut resumed);
+            assert_eq!([head, tail].concat(), expected, "mapped: {map}");
+        }
     }
 
     #[test]

@@ -123,8 +123,9 @@ impl Mapped {
     /// The file's bytes: what the file holds now, so another process's write shows
     /// through, and zeros past an end that moved back (the usual caveat of a mapped file,
     /// why memmap2 makes mapping `unsafe`). The reader reads each byte of a record once,
-    /// in the newline search, and checks [`Mapped::shrank`] after it; nothing may assume
-    /// that a byte read twice reads the same.
+    /// in the newline search (or the scan of a record taken where it lies, which ends only
+    /// at a line break, a byte no zero past a cut can be), and checks [`Mapped::shrank`]
+    /// after it; nothing may assume that a byte read twice reads the same.
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: `len` bytes are mapped readable for as long as `self` lives; a page the
@@ -137,7 +138,7 @@ impl Mapped {
     /// it (instead of faulting its way through the rest of the mapping).
     #[inline]
     pub fn newline(&self, from: usize, to: usize) -> Result<Option<usize>, Shrank> {
-        self.prefetch(from.saturating_add(PREFETCH_AHEAD));
+        self.prefetch_ahead(from);
         let bytes = self.bytes();
         let mut at = from;
         loop {
@@ -153,6 +154,13 @@ impl Mapped {
             }
             at = upto;
         }
+    }
+
+    /// Ask for the record after the one at `from` ahead of its reading (see
+    /// [`PREFETCH_AHEAD`]).
+    #[inline(always)]
+    pub fn prefetch_ahead(&self, from: usize) {
+        self.prefetch(from.saturating_add(PREFETCH_AHEAD));
     }
 
     /// Ask for the cache lines at `at` (within the mapping) ahead of their reading.

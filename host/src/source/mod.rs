@@ -22,6 +22,16 @@ pub enum Source {
     Kafka(kafka::KafkaSource),
 }
 
+/// What [`Source::next_record_framed`] did.
+pub enum Framed<'a> {
+    /// `take` took the next record.
+    Taken,
+    /// The next record, found by its line break (or a Kafka message).
+    Record(&'a [u8], Position),
+    /// No record now.
+    End,
+}
+
 impl Source {
     /// Open the pipeline's source; `input` replaces a file source's paths (one partition),
     /// `follow` overrides its follow setting.
@@ -53,6 +63,22 @@ impl Source {
         match self {
             Source::File(s) => s.next_record(),
             Source::Kafka(s) => s.next_record(),
+        }
+    }
+
+    /// The next record, offered first to `take` in the input ahead (files: see
+    /// [`file::FileSource::next_record_framed`]; Kafka hands out every message as it is).
+    #[inline]
+    pub fn next_record_framed(
+        &mut self,
+        take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>,
+    ) -> Result<Framed<'_>> {
+        match self {
+            Source::File(s) => s.next_record_framed(take),
+            Source::Kafka(s) => Ok(match s.next_record()? {
+                Some((record, pos)) => Framed::Record(record, pos),
+                None => Framed::End,
+            }),
         }
     }
 

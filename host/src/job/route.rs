@@ -183,6 +183,13 @@ impl Job {
         Ok(Some(len))
     }
 
+    /// Whether the next record is to be offered to [`Job::on_record_framed`] (see
+    /// [`crate::source::json::Projection::frames`]).
+    #[inline]
+    pub(super) fn frames(&mut self) -> bool {
+        self.decoder.projection.frames()
+    }
+
     /// Process one record.
     #[inline]
     pub(super) fn on_record(&mut self, record: &[u8], pos: Position) -> Result<()> {

@@ -165,7 +165,12 @@ pub(super) fn start(
         }
         // A record whose layout the scanner knows is scanned where it lies, in the input
         // ahead, which finds its end too; others are found by their line break first.
-        match source.next_record_framed(|ahead, pos| job.on_record_framed(ahead, pos))? {
+        let got = if job.frames() {
+            source.next_record_framed(|ahead, pos| job.on_record_framed(ahead, pos))?
+        } else {
+            source.next_record()?.map_or(Framed::End, |(record, pos)| Framed::Record(record, pos))
+        };
+        match got {
             got @ (Framed::Taken | Framed::Record(..)) => {
                 if let Framed::Record(record, pos) = got {
                     job.on_record(record, pos)?;

@@ -240,14 +240,10 @@ impl Projection {
     ///
     /// The newline search that otherwise finds the line reads every byte before this scan
     /// reads it again; this reads them once. A stream whose records keep needing the other
-    /// way (nested values in every record) is not tried for a while, so that it does not
-    /// pay for both.
+    /// way (nested values in every record) should not be tried for a while: a caller asks
+    /// [`Self::frames`] first.
     pub fn scan_framed<'a>(&mut self, ahead: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Option<usize> {
         debug_assert_eq!(out.len(), self.names.len());
-        if self.framed_pause > 0 {
-            self.framed_pause -= 1;
-            return None;
-        }
         let n = self.shapes.len();
         for k in 0..n {
             let s = (self.last + k) % n;
@@ -264,6 +260,17 @@ impl Projection {
             self.framed_pause = FRAMED_PAUSE;
         }
         None
+    }
+
+    /// Whether [`Self::scan_framed`] tries the next record (false for a while after many
+    /// it could not take; each call counts one record of that while).
+    #[inline]
+    pub fn frames(&mut self) -> bool {
+        if self.framed_pause == 0 {
+            return true;
+        }
+        self.framed_pause -= 1;
+        false
     }
 
     /// Scan `record`; `out[i]` receives field `i` or `None` when absent (the last

@@ -171,8 +171,8 @@ impl Job {
 
     /// Process the record at the start of `ahead` (the input from there on) when its
     /// layout was seen before and it ends before a line break: its length (see
-    /// [`crate::source::json::Projection::scan_framed`]); None, having done nothing, when
-    /// it must be found by its line break and go through [`Job::on_record`].
+    /// [`crate::source::json::Projection::scan_framed`]); None, having processed nothing,
+    /// when it must be found by its line break and go through [`Job::on_record`].
     #[inline]
     pub(super) fn on_record_framed(&mut self, ahead: &[u8], pos: Position) -> Result<Option<usize>> {
         let mut slots = [None; MAX_FIELDS];

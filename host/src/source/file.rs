@@ -18,6 +18,9 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+/// The most input ahead of a record offered to [`FileSource::next_record_framed`]'s `take`.
+const FRAMED_AHEAD: usize = 64 << 10;
+
 /// Read size: small enough that what a read copies is still in the cache when its
 /// records are parsed.
 const CHUNK: usize = 256 << 10;
@@ -267,19 +270,29 @@ impl LineReader {
     /// when it took a record (then the reader is past it and its line break).
     #[inline]
     fn take_framed(&mut self, take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>) -> Result<bool> {
-        let (s, end) = (self.start, self.end);
+        // At most this much ahead: a longer record goes the newline search's way (which,
+        // in a mapping cut short, stops within a window of the cut instead of reading
+        // zeros to the mapping's end).
+        let (s, end) = (self.start, self.end.min(self.start.saturating_add(FRAMED_AHEAD)));
         if s >= end {
             return Ok(false);
         }
         if let Some(m) = &self.map {
+            if m.shrank() {
+                return Err(self.shrank());
+            }
             m.prefetch_ahead(s);
-        }
-        if self.map.as_ref().is_some_and(Mapped::shrank) {
-            return Err(self.shrank());
         }
         let pos = Position { partition: self.partition, line: self.lines + 1, offset: self.offset };
         let Some(len) = take(&self.bytes()[s..end], pos)? else { return Ok(false) };
-        let line_break = match self.bytes().get(s + len..) {
+        if let Some(m) = &self.map {
+            // As after a newline search: `take` read every byte of the record, and the
+            // line break after it.
+            if m.shrank() {
+                return Err(self.shrank());
+            }
+        }
+        let line_break = match self.bytes()[..end].get(s + len..) {
             Some([b'\n', ..]) => 1,
             Some([b'\r', b'\n', ..]) => 2,
             _ => {
@@ -292,10 +305,6 @@ impl LineReader {
         self.offset += (len + line_break) as u64;
         self.lines += 1;
         if let Some(m) = &mut self.map {
-            // As after a newline search: `take` read every byte of the record.
-            if m.shrank() {
-                return Err(self.shrank());
-            }
             m.release_before(s);
         }
         self.records += 1;
@@ -524,8 +533,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut one = String::new();
         let mut two = String::new();
-        for i in 0..500 {
+        // Longer than a `read()` chunk: records cross from one chunk to the next.
+        for i in 0..12_000 {
             one.push_str(&format!("{{\"a\": {i}, \"b\": \"x{i}\"}}\n"));
+            if i >= 500 {
+                continue;
+            }
             match i % 50 {
                 7 => two.push_str("{\"a\": 1, \"b\": \"broken\nline\"}\n"),
                 8 => two.push_str("{\"a\": 2, \"b\": \"crlf\"}\r\n"),
@@ -544,7 +557,7 @@ mod tests {
             let mut framed_src = FileSource::open_parts(&paths, false, map, None).unwrap();
             let (got, framed) = collect_framed(&mut framed_src, usize::MAX);
             assert_eq!(got, expected, "mapped: {map}");
-            assert!(framed > 900, "mapped: {map}: {framed} framed");
+            assert!(one.len() > CHUNK && framed > 12_000, "mapped: {map}: {framed} framed");
             assert_eq!(framed_src.records(), lines.records());
             assert_eq!(framed_src.position().partitions, lines.position().partitions);
             assert_eq!(framed_src.take_ended(), lines.take_ended());

@@ -1228,4 +1228,35 @@ mod tests {
         // or a record would differ.
         assert!(framed > 1000, "{framed} framed");
     }
+
+    #[test]
+    fn a_stream_the_framed_scan_keeps_refusing_is_not_offered_for_a_while() {
+        // Nested values in every record: each is refused where it lies. After
+        // FRAMED_MISSES refusals in a row, `frames` says no for FRAMED_PAUSE records, then
+        // yes again; one record taken resets the count.
+        let names = ["a"];
+        let nested = b"{\"m\": {\"x\": 1}, \"a\": 1}\n{\"m\": {\"x\": 1}, \"a\": 1}\n";
+        let plain = b"{\"a\": 1}\n{\"a\": 1}\n";
+        let mut p = Projection::new(&names);
+        let mut out = [None];
+        p.scan(&nested[..nested.len() / 2 - 1], &mut out).unwrap();
+        for i in 0..FRAMED_MISSES {
+            assert!(p.frames(), "refusal {i}");
+            assert_eq!(p.scan_framed(nested, &mut out), None);
+        }
+        for _ in 0..FRAMED_PAUSE {
+            assert!(!p.frames());
+        }
+        assert!(p.frames());
+        // Refusals that a record taken interrupts do not add up.
+        p.scan(&plain[..plain.len() / 2 - 1], &mut out).unwrap();
+        for _ in 0..3 {
+            for _ in 0..FRAMED_MISSES - 1 {
+                assert_eq!(p.scan_framed(nested, &mut out), None);
+            }
+            assert_eq!(p.scan_framed(plain, &mut out), Some(plain.len() / 2 - 1));
+            assert_eq!(out[0], Some(Scalar::Int(1)));
+        }
+        assert!(p.frames());
+    }
 }

@@ -100,7 +100,9 @@ impl FileSource {
 
     /// The next record of the next partition that has one.
     pub fn next_record(&mut self) -> Result<Option<(&[u8], Position)>> {
-        match self.next_record_framed(|_, _| Ok(None))? {
+        // No offer: nothing is done for one (no position made, no look at the input ahead).
+        let no_take: Option<fn(&[u8], Position) -> Result<Option<usize>>> = None;
+        match self.next_offered(no_take)? {
             Framed::Record(record, pos) => Ok(Some((record, pos))),
             Framed::Taken | Framed::End => Ok(None),
         }
@@ -117,8 +119,16 @@ impl FileSource {
         &mut self,
         take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>,
     ) -> Result<Framed<'_>> {
+        self.next_offered(Some(take))
+    }
+
+    /// [`Self::next_record_framed`], offered to `take` when there is one.
+    #[inline]
+    fn next_offered(
+        &mut self,
+        mut take: Option<impl FnOnce(&[u8], Position) -> Result<Option<usize>>>,
+    ) -> Result<Framed<'_>> {
         let n = self.parts.len();
-        let mut take = Some(take);
         for _ in 0..n {
             let p = self.next;
             self.next = (self.next + 1) % n;

@@ -439,12 +439,6 @@ fn string<const LINE_BREAK: bool>(b: &[u8], start: usize) -> Result<(&[u8], bool
     }
 }
 
-/// Index of the first `"` or `\\` at or after `i`, or `b.len()`.
-#[cfg(test)]
-fn find_quote_or_backslash(b: &[u8], i: usize) -> usize {
-    find_stop::<false>(b, i)
-}
-
 /// Index of the first `"` or `\\` (or, when `LINE_BREAK`, line break) at or after `i`,
 /// or `b.len()`: sixteen bytes at a time (SSE2, which every x86-64 has: most strings of a
 /// record end within one load), then eight (SWAR), then one.
@@ -827,13 +821,13 @@ mod tests {
                     v[at] = if at % 2 == 0 { b'"' } else { b'\\' };
                 }
                 for start in 0..=at.min(len) {
-                    assert_eq!(find_quote_or_backslash(&v, start), at, "len {len} at {at} from {start}");
+                    assert_eq!(find_stop::<false>(&v, start), at, "len {len} at {at} from {start}");
                 }
             }
         }
         // A match byte just below a non-match byte that would borrow.
-        assert_eq!(find_quote_or_backslash(b"\x01\"zzzzzzzzz", 0), 1);
-        assert_eq!(find_quote_or_backslash(b"abc\xa2\x22xxxxxx", 0), 4);
+        assert_eq!(find_stop::<false>(b"\x01\"zzzzzzzzz", 0), 1);
+        assert_eq!(find_stop::<false>(b"abc\xa2\x22xxxxxx", 0), 4);
     }
 
     #[test]

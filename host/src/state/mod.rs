@@ -376,7 +376,7 @@ struct Due {
 pub type SlotHandle = u32;
 pub const NO_SLOT: SlotHandle = u32::MAX;
 
-/// A slot with its (key, id); vacant ones wait in the free list.
+/// A slot with its (key, id); removed ones stay, vacant, until the slab is compacted.
 struct Entry {
     key: u32,
     live: bool,
@@ -398,19 +398,231 @@ fn hash_at(hasher: &foldhash::fast::RandomState, slab: &[Entry], h: u32) -> u64 
     hasher.hash_one((e.key, e.id))
 }
 
+/// Where the open slots lie in the slab, by (key id, slot id).
+enum SlotIndex {
+    /// Hashed by (key, id): slot ids that are not shared by many keys (session numbers).
+    Hashed { table: hashbrown::HashTable<u32>, hasher: foldhash::fast::RandomState },
+    /// By slot id first, then by key id: slot ids that many keys share (a tumbling
+    /// window's or a sliding pane's start), so that a slot is found by one load from a
+    /// small array instead of a probe of a table of every slot.
+    ByPeriod(Periods),
+}
+
+/// The open periods (slot ids shared by many keys), each with its slots by key id.
+#[derive(Default)]
+struct Periods {
+    /// Ascending by id.
+    list: Vec<Period>,
+    /// Open slots in all periods.
+    len: usize,
+}
+
+struct Period {
+    id: i64,
+    slots: PeriodSlots,
+    /// Open slots in this period.
+    open: u32,
+    /// The largest key id that reached it.
+    max_key: u32,
+}
+
+/// A period's slots by key id. Dense while that costs at most [`DENSE_SPREAD`] entries
+/// per open slot (plus [`DENSE_BASE`]); hashed otherwise: while a period has few slots,
+/// and when few of many keys reach it (a late one, with a long allowed lateness).
+enum PeriodSlots {
+    Dense(Vec<SlotHandle>),
+    Sparse(hashbrown::HashMap<u32, SlotHandle, foldhash::fast::RandomState>),
+}
+
+const DENSE_SPREAD: usize = 16;
+const DENSE_BASE: usize = 4096;
+
+/// Vacant slab entries that make the slab compacted, when they outnumber the open ones.
+const COMPACT_AT: usize = 4096;
+
+impl Periods {
+    #[inline]
+    fn period(&self, id: i64) -> Option<&Period> {
+        // Few periods are open; an event usually reaches the last one or the one before.
+        match self.list.last() {
+            Some(p) if p.id == id => Some(p),
+            _ => self.list.binary_search_by_key(&id, |p| p.id).ok().map(|i| &self.list[i]),
+        }
+    }
+
+    #[inline]
+    fn find(&self, key: u32, id: i64) -> Option<SlotHandle> {
+        match &self.period(id)?.slots {
+            PeriodSlots::Dense(v) => v.get(key as usize).copied().filter(|&h| h != NO_SLOT),
+            PeriodSlots::Sparse(m) => m.get(&key).copied(),
+        }
+    }
+
+    /// Add a slot known to be absent.
+    fn insert(&mut self, key: u32, id: i64, h: SlotHandle) {
+        let at = match self.list.binary_search_by_key(&id, |p| p.id) {
+            Ok(at) => at,
+            Err(at) => {
+                let slots = PeriodSlots::Sparse(Default::default());
+                self.list.insert(at, Period { id, slots, open: 0, max_key: 0 });
+                at
+            }
+        };
+        let p = &mut self.list[at];
+        p.open += 1;
+        p.max_key = p.max_key.max(key);
+        // Dense while that costs at most DENSE_SPREAD entries an open slot: a period
+        // starts hashed (its first keys may have any ids) and turns dense as it fills.
+        let dense_len = DENSE_SPREAD * p.open as usize + DENSE_BASE;
+        match &mut p.slots {
+            PeriodSlots::Sparse(m) if (p.max_key as usize) < dense_len => {
+                let mut v = vec![NO_SLOT; p.max_key as usize + 1];
+                m.iter().for_each(|(&k, &h)| v[k as usize] = h);
+                p.slots = PeriodSlots::Dense(v);
+            }
+            PeriodSlots::Dense(v) if key as usize >= v.len() && key as usize >= dense_len => {
+                let open = v.iter().enumerate().filter(|(_, &h)| h != NO_SLOT);
+                p.slots = PeriodSlots::Sparse(open.map(|(k, &h)| (k as u32, h)).collect());
+            }
+            _ => {}
+        }
+        match &mut p.slots {
+            PeriodSlots::Dense(v) => {
+                let k = key as usize;
+                if k >= v.len() {
+                    v.resize((k + 1).max(2 * v.len()).min(dense_len), NO_SLOT);
+                }
+                v[k] = h;
+            }
+            PeriodSlots::Sparse(m) => {
+                m.insert(key, h);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Move an open slot to `h`.
+    fn set(&mut self, key: u32, id: i64, h: SlotHandle) {
+        let Ok(at) = self.list.binary_search_by_key(&id, |p| p.id) else { return };
+        match &mut self.list[at].slots {
+            PeriodSlots::Dense(v) => {
+                if let Some(x) = v.get_mut(key as usize) {
+                    *x = h;
+                }
+            }
+            PeriodSlots::Sparse(m) => {
+                if let Some(x) = m.get_mut(&key) {
+                    *x = h;
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, key: u32, id: i64) -> Option<SlotHandle> {
+        let at = self.list.binary_search_by_key(&id, |p| p.id).ok()?;
+        let p = &mut self.list[at];
+        let h = match &mut p.slots {
+            PeriodSlots::Dense(v) => {
+                let h = std::mem::replace(v.get_mut(key as usize)?, NO_SLOT);
+                (h != NO_SLOT).then_some(h)?
+            }
+            PeriodSlots::Sparse(m) => m.remove(&key)?,
+        };
+        p.open -= 1;
+        self.len -= 1;
+        if p.open == 0 {
+            self.list.remove(at);
+        }
+        Some(h)
+    }
+}
+
+impl SlotIndex {
+    #[inline]
+    fn find(&self, slab: &[Entry], key: u32, id: i64) -> Option<SlotHandle> {
+        match self {
+            SlotIndex::Hashed { table, hasher } => {
+                let hash = hasher.hash_one((key, id));
+                table.find(hash, |&h| slab[h as usize].holds(key, id)).copied()
+            }
+            SlotIndex::ByPeriod(p) => p.find(key, id),
+        }
+    }
+
+    /// Add slot `h` (of `(key, id)`, known to be absent, already in the slab).
+    #[inline]
+    fn insert(&mut self, slab: &[Entry], key: u32, id: i64, h: SlotHandle) {
+        match self {
+            SlotIndex::Hashed { table, hasher } => {
+                let hash = hasher.hash_one((key, id));
+                table.insert_unique(hash, h, |&i| hash_at(hasher, slab, i));
+            }
+            SlotIndex::ByPeriod(p) => p.insert(key, id, h),
+        }
+    }
+
+    fn remove(&mut self, slab: &[Entry], key: u32, id: i64) -> Option<SlotHandle> {
+        match self {
+            SlotIndex::Hashed { table, hasher } => {
+                let hash = hasher.hash_one((key, id));
+                let found = table.find_entry(hash, |&h| slab[h as usize].holds(key, id)).ok()?;
+                Some(found.remove().0)
+            }
+            SlotIndex::ByPeriod(p) => p.remove(key, id),
+        }
+    }
+
+    /// Point every slot at its place in `slab` (which holds just the open slots).
+    fn rebuild(&mut self, slab: &[Entry]) {
+        match self {
+            SlotIndex::Hashed { table, hasher } => {
+                table.clear();
+                for (h, e) in slab.iter().enumerate() {
+                    table.insert_unique(hasher.hash_one((e.key, e.id)), h as u32, |&i| {
+                        hash_at(hasher, slab, i)
+                    });
+                }
+            }
+            SlotIndex::ByPeriod(p) => {
+                for (h, e) in slab.iter().enumerate() {
+                    p.set(e.key, e.id, h as u32);
+                }
+            }
+        }
+    }
+
+    fn reserve(&mut self, slab: &[Entry], n: usize) {
+        if let SlotIndex::Hashed { table, hasher } = self {
+            table.reserve(n, |&i| hash_at(hasher, slab, i));
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            SlotIndex::Hashed { table, .. } => table.len(),
+            SlotIndex::ByPeriod(p) => p.len,
+        }
+    }
+}
+
+impl Default for SlotIndex {
+    fn default() -> Self {
+        SlotIndex::Hashed { table: Default::default(), hasher: Default::default() }
+    }
+}
+
 /// Accumulators by (key id, slot id), and the timers that fire and clean them up. The
 /// slot id is the window start (tumbling), the pane start (sliding) or a session number.
 ///
-/// Slots lie in a slab; the index holds only their positions, hashed by (key, id). A
+/// Slots lie in a slab; the index holds only their positions (see [`SlotIndex`]). A
 /// window's slot is found once when it opens, and then reached by its handle when its
-/// events are handed to the plugin and its accumulator is stored: with many keys each
-/// lookup is a cache miss or two.
+/// events are handed to the plugin and its accumulator is stored.
 #[derive(Default)]
 pub struct WindowState {
-    index: hashbrown::HashTable<u32>,
-    hasher: foldhash::fast::RandomState,
+    index: SlotIndex,
     slab: Vec<Entry>,
-    vacant: Vec<u32>,
+    /// Vacant entries in the slab.
+    vacant: usize,
     /// Pending timers by time: many windows end at the same time, so a timer costs a
     /// push (no ordered set of every timer). The same timer may be pending twice.
     timers: BTreeMap<i64, Due>,
@@ -425,11 +637,16 @@ pub struct WindowState {
 }
 
 impl WindowState {
+    /// State whose slot ids are periods that many keys share: tumbling windows and
+    /// sliding panes (by their start). Sessions (numbered one by one) take the default.
+    pub fn by_period() -> WindowState {
+        WindowState { index: SlotIndex::ByPeriod(Periods::default()), ..Default::default() }
+    }
+
     /// The handle of an open slot.
     #[inline]
     pub fn handle(&self, key: u32, id: i64) -> Option<SlotHandle> {
-        let hash = self.hasher.hash_one((key, id));
-        self.index.find(hash, |&h| self.slab[h as usize].holds(key, id)).copied()
+        self.index.find(&self.slab, key, id)
     }
 
     #[inline]
@@ -484,24 +701,29 @@ impl WindowState {
     /// Add a slot known to be absent.
     fn insert(&mut self, key: u32, id: i64, slot: Slot) -> SlotHandle {
         let entry = Entry { key, live: true, id, slot };
-        let h = match self.vacant.pop() {
-            Some(h) => {
-                self.slab[h as usize] = entry;
-                h
-            }
-            None => {
-                self.slab.push(entry);
-                self.slab.len() as u32 - 1
-            }
-        };
-        let hash = self.hasher.hash_one((key, id));
-        let (slab, hasher) = (&self.slab, &self.hasher);
-        self.index.insert_unique(hash, h, |&i| hash_at(hasher, slab, i));
+        // New slots go to the slab's end, never into a vacant entry: the slots opened
+        // together (a period's, with many keys) lie together, in the order their groups
+        // are handed to the plugin and their windows fire, and no long-cold line is
+        // written over. Vacant entries go when the slab is compacted.
+        if self.vacant >= COMPACT_AT && 2 * self.vacant > self.slab.len() {
+            self.compact();
+        }
+        self.slab.push(entry);
+        let h = self.slab.len() as u32 - 1;
+        self.index.insert(&self.slab, key, id, h);
         self.count_slot(key);
         if let Some(d) = &mut self.dirty {
             d.insert((key, id));
         }
         h
+    }
+
+    /// Drop the vacant entries: the open slots move to the slab's front, in their order,
+    /// and the index follows. (Handles held elsewhere go stale; see [`Self::checked`].)
+    fn compact(&mut self) {
+        self.slab.retain(|e| e.live);
+        self.vacant = 0;
+        self.index.rebuild(&self.slab);
     }
 
     /// One more open slot for `key`.
@@ -519,9 +741,8 @@ impl WindowState {
 
     /// Room for `n` more slots.
     pub fn reserve(&mut self, n: usize) {
-        let (slab, hasher) = (&self.slab, &self.hasher);
-        self.index.reserve(n, |&i| hash_at(hasher, slab, i));
-        self.slab.reserve(n.saturating_sub(self.vacant.len()));
+        self.index.reserve(&self.slab, n);
+        self.slab.reserve(n);
     }
 
     /// Open a slot with its accumulator (a restore): [`Self::open`], then
@@ -594,16 +815,12 @@ impl WindowState {
 
     /// Remove a slot; returns it and whether its key has no slots left.
     pub fn remove(&mut self, key: u32, id: i64) -> Option<(Slot, bool)> {
-        let hash = self.hasher.hash_one((key, id));
-        let slab = &self.slab;
-        let found = self.index.find_entry(hash, |&h| slab[h as usize].holds(key, id));
-        let Ok(found) = found else { return None };
-        let (h, _) = found.remove();
+        let h = self.index.remove(&self.slab, key, id)?;
         let e = &mut self.slab[h as usize];
         e.live = false;
         let empty = Slot { window: e.slot.window, acc: Acc::new() };
         let slot = std::mem::replace(&mut e.slot, empty);
-        self.vacant.push(h);
+        self.vacant += 1;
         self.acc_bytes -= slot.acc.len();
         if let Some(d) = &mut self.dirty {
             d.remove(&(key, id));
@@ -666,7 +883,7 @@ impl WindowState {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.index.len() == 0
     }
 
     /// Keys with at least one open slot.
@@ -798,22 +1015,97 @@ mod tests {
 
     #[test]
     fn a_handle_reaches_its_slot_only_while_the_slot_holds_its_place() {
-        let mut s = WindowState::default();
-        let w = Window { start: 0, end: 5 };
-        let (a, created) = s.open_at(1, 0, w);
-        assert!(created);
-        s.set_acc_at(a, 1, 0, b"a");
-        s.remove(1, 0);
-        // The place is reused by another slot: the old handle no longer reaches (1, 0).
-        let (b, _) = s.open_at(2, 0, w);
-        assert_eq!(a, b);
-        assert!(s.slot_at(a, 1, 0).is_none());
-        s.set_acc_at(a, 1, 0, b"stale");
-        assert_eq!(s.acc(2, 0), b"");
-        // A wrong handle still finds a slot by its (key, id).
-        s.set_acc_at(NO_SLOT, 2, 0, b"b");
-        assert_eq!(s.slot_at(NO_SLOT, 2, 0).map(|x| x.acc.as_slice()), Some(&b"b"[..]));
-        assert_eq!((s.len(), s.acc_bytes()), (1, 1));
+        for mut s in [WindowState::default(), WindowState::by_period()] {
+            let w = Window { start: 0, end: 5 };
+            let (a, created) = s.open_at(1, 0, w);
+            assert!(created);
+            s.set_acc_at(a, 1, 0, b"a");
+            // Enough slots removed that the next one opened compacts the slab: the place
+            // goes to another slot, and the old handle no longer reaches (1, 0).
+            let others = 10..10 + COMPACT_AT as u32;
+            others.clone().for_each(|k| assert!(s.open(k, 0, w)));
+            s.remove(1, 0);
+            others.for_each(|k| assert!(s.remove(k, 0).is_some()));
+            let (b, _) = s.open_at(2, 0, w);
+            assert_eq!(a, b);
+            assert!(s.slot_at(a, 1, 0).is_none());
+            s.set_acc_at(a, 1, 0, b"stale");
+            assert_eq!(s.acc(2, 0), b"");
+            // A wrong handle still finds a slot by its (key, id).
+            s.set_acc_at(NO_SLOT, 2, 0, b"b");
+            assert_eq!(s.slot_at(NO_SLOT, 2, 0).map(|x| x.acc.as_slice()), Some(&b"b"[..]));
+            assert_eq!((s.len(), s.acc_bytes()), (1, 1));
+        }
+    }
+
+    /// Random opens, writes and removals against a map of (key, id) to accumulator: both
+    /// indexes (hashed, and by period: dense and hashed periods, keys with ids far apart,
+    /// compactions) hold what the map holds, and handles reach their slots while open.
+    #[test]
+    fn slots_are_what_a_map_of_key_and_id_says_through_every_index() {
+        for by_period in [false, true] {
+            let mut s = if by_period { WindowState::by_period() } else { WindowState::default() };
+            let mut model: BTreeMap<(u32, i64), Vec<u8>> = BTreeMap::new();
+            let mut handles: Vec<(SlotHandle, u32, i64)> = Vec::new();
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            for step in 0..300_000u64 {
+                // Mostly keys below 3 000, now and then one far above (a sparse period).
+                let key = if next(50) == 0 { 3_000 + next(200_000) } else { next(3_000) } as u32;
+                // Periods come and go: the ids drift upwards.
+                let id = 300 * (step / 20_000 + next(4)) as i64;
+                match next(10) {
+                    0..=4 => {
+                        let w = Window { start: id, end: id + 300 };
+                        let (h, created) = s.open_at(key, id, w);
+                        assert_eq!(created, !model.contains_key(&(key, id)));
+                        model.entry((key, id)).or_default();
+                        handles.push((h, key, id));
+                    }
+                    5 | 6 => {
+                        let acc = step.to_le_bytes()[..1 + next(8) as usize].to_vec();
+                        s.set_acc(key, id, &acc);
+                        if let Some(m) = model.get_mut(&(key, id)) {
+                            *m = acc;
+                        }
+                    }
+                    _ => {
+                        // Remove an open slot most of the time (a handle taken earlier).
+                        let (k, i) = match handles.len() {
+                            0 => (key, id),
+                            n => {
+                                let (_, k, i) = handles.swap_remove(next(n as u64) as usize);
+                                (k, i)
+                            }
+                        };
+                        let removed = s.remove(k, i).map(|(slot, _)| slot.acc.to_vec());
+                        assert_eq!(removed, model.remove(&(k, i)));
+                    }
+                }
+                if step % 1_000 == 0 {
+                    for &(h, k, i) in handles.iter().rev().take(50) {
+                        let at = s.slot_at(h, k, i).map(|slot| slot.acc.to_vec());
+                        assert_eq!(at, model.get(&(k, i)).cloned(), "step {step}: ({k}, {i})");
+                    }
+                }
+            }
+            assert!(!model.is_empty());
+            let held: BTreeMap<(u32, i64), Vec<u8>> =
+                s.iter().map(|(k, i, slot)| ((k, i), slot.acc.to_vec())).collect();
+            assert_eq!(held, model);
+            assert_eq!(s.len(), model.len());
+            for (&(k, i), acc) in &model {
+                assert_eq!(s.acc(k, i), acc.as_slice());
+            }
+            let keys: HashSet<u32> = model.keys().map(|&(k, _)| k).collect();
+            assert_eq!(s.keys_in_use(), keys.len());
+            assert_eq!(s.acc_bytes(), model.values().map(Vec::len).sum::<usize>());
+        }
     }
 
     #[test]

@@ -203,7 +203,10 @@ impl WindowOperator {
             keys: KeyTable::default(),
             touched: Vec::new(),
             sweep_at: IDLE_KEYS_KEPT,
-            state: WindowState::default(),
+            state: match spec.kind {
+                crate::pipeline::WindowKind::Session { .. } => WindowState::default(),
+                _ => WindowState::by_period(),
+            },
             batch: Batch::new(&types, key_arity, plugin.info().ordered_input),
             batch_size,
             key_arity,

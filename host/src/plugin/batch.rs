@@ -14,12 +14,68 @@
 //! rows taken leave holes that are closed once they outnumber the rows staged.
 
 use super::{empty_packed, packed_clear, packed_push, Column, Events, FieldType, Groups, Packed};
-use crate::state::{KeyTable, SlotHandle, WindowState, NO_SLOT};
+use crate::state::{KeyTable, PeriodMap, SlotHandle, WindowState, NO_SLOT};
 use crate::window::Window;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The group of every (key, slot id) staged.
+enum GroupIndex {
+    Hashed(FastMap<(u32, i64), u32>),
+    /// Slot ids that many keys share (see [`PeriodMap`]): one load a row, not a probe.
+    ByPeriod(PeriodMap),
+}
+
+impl GroupIndex {
+    #[inline]
+    fn get(&self, key: u32, id: i64) -> Option<u32> {
+        match self {
+            GroupIndex::Hashed(m) => m.get(&(key, id)).copied(),
+            GroupIndex::ByPeriod(m) => m.get(key, id),
+        }
+    }
+
+    /// The group of `(key, id)`; `new` when it has none.
+    #[inline]
+    fn get_or_insert(&mut self, key: u32, id: i64, new: u32) -> u32 {
+        match self {
+            GroupIndex::Hashed(m) => *m.entry((key, id)).or_insert(new),
+            GroupIndex::ByPeriod(m) => match m.get(key, id) {
+                Some(g) => g,
+                None => {
+                    m.insert(key, id, new);
+                    new
+                }
+            },
+        }
+    }
+
+    /// Set the group of `(key, id)`, which has none.
+    fn insert(&mut self, key: u32, id: i64, g: u32) {
+        match self {
+            GroupIndex::Hashed(m) => {
+                m.insert((key, id), g);
+            }
+            GroupIndex::ByPeriod(m) => m.insert(key, id, g),
+        }
+    }
+
+    fn remove(&mut self, key: u32, id: i64) -> Option<u32> {
+        match self {
+            GroupIndex::Hashed(m) => m.remove(&(key, id)),
+            GroupIndex::ByPeriod(m) => m.remove(key, id),
+        }
+    }
+
+    fn clear(&mut self) {
+        match self {
+            GroupIndex::Hashed(m) => m.clear(),
+            GroupIndex::ByPeriod(m) => m.clear(),
+        }
+    }
+}
 
 /// Staged values of one column.
 enum Staged {
@@ -90,7 +146,7 @@ impl SlotRows {
 /// Rows waiting for the next `add` call, and the reusable buffers of that call.
 pub struct Batch {
     ordered: bool,
-    index: FastMap<(u32, i64), u32>,
+    index: GroupIndex,
     /// (key, slot id) of every group, in first-seen order.
     group_list: Vec<(u32, i64)>,
     /// The state's handle of every group's slot, when known.
@@ -181,7 +237,7 @@ impl Batch {
             .collect();
         Batch {
             ordered,
-            index: FastMap::default(),
+            index: GroupIndex::Hashed(FastMap::default()),
             group_list: Vec::new(),
             group_slot: Vec::new(),
             alias: Vec::new(),
@@ -198,6 +254,12 @@ impl Batch {
             groups: empty_groups(key_arity as u32),
             events: Events { group_ends: Vec::new(), event_time: Vec::new(), columns },
         }
+    }
+
+    /// Groups indexed by period (see [`PeriodMap`]): for slot ids that many keys share.
+    pub fn by_period(mut self) -> Batch {
+        self.index = GroupIndex::ByPeriod(PeriodMap::default());
+        self
     }
 
     /// Rows staged.
@@ -218,7 +280,7 @@ impl Batch {
 
     /// Whether any row is staged for this slot.
     pub fn stages_group(&self, key: u32, id: i64) -> bool {
-        self.index.contains_key(&(key, id))
+        self.index.get(key, id).is_some()
     }
 
     /// The keys rows are staged for (a key may come more than once).
@@ -232,7 +294,7 @@ impl Batch {
     #[inline]
     pub fn push_row(&mut self, key: u32, id: i64, time: i64) -> bool {
         let next = self.group_list.len() as u32;
-        let g = *self.index.entry((key, id)).or_insert(next);
+        let g = self.index.get_or_insert(key, id, next);
         let new = g == next;
         if new {
             self.group_list.push((key, id));
@@ -320,9 +382,9 @@ impl Batch {
 
     /// Move the rows staged for `(key, from)` to `(key, to)` (sessions merged).
     pub fn relabel(&mut self, key: u32, from: i64, to: i64) {
-        let Some(g_from) = self.index.remove(&(key, from)) else { return };
-        match self.index.get(&(key, to)) {
-            Some(&g_to) => {
+        let Some(g_from) = self.index.remove(key, from) else { return };
+        match self.index.get(key, to) {
+            Some(g_to) => {
                 self.alias[g_from as usize] = g_to;
                 if self.ordered {
                     // The merged group's chain goes on with the other's rows.
@@ -332,7 +394,7 @@ impl Batch {
                 }
             }
             None => {
-                self.index.insert((key, to), g_from);
+                self.index.insert(key, to, g_from);
                 self.group_list[g_from as usize] = (key, to);
                 self.group_slot[g_from as usize] = NO_SLOT;
             }
@@ -508,7 +570,7 @@ impl Batch {
             self.order[start..].sort_unstable_by_key(|&r| (times[r as usize], r));
             self.events.group_ends.push(self.order.len() as u32);
             let group = self.group_list[g as usize];
-            self.index.remove(&group);
+            self.index.remove(group.0, group.1);
             call_groups.push(group);
             self.call_slots.push(self.group_slot[g as usize]);
         }
@@ -633,7 +695,7 @@ impl Batch {
             if renumber[g] == u32::MAX {
                 renumber[g] = self.group_list.len() as u32;
                 let (key, id) = old_groups[g];
-                self.index.insert((key, id), renumber[g]);
+                self.index.insert(key, id, renumber[g]);
                 self.group_list.push((key, id));
                 self.group_slot.push(old_slots[g]);
                 self.alias.push(NO_ALIAS);
@@ -797,8 +859,11 @@ mod tests {
         let mut state = WindowState::default();
         state.open(a, 0, Window { start: 0, end: 10 });
         state.open(b, 0, Window { start: 0, end: 10 });
-        for ordered in [false, true] {
+        for (ordered, by_period) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut batch = Batch::new(&[FieldType::Int, FieldType::Text], 1, ordered);
+            if by_period {
+                batch = batch.by_period();
+            }
             for (key, t, v, s) in [(a, 5, 1, "x"), (b, 3, 2, "y"), (a, 2, 3, "zz"), (b, 1, 4, "")] {
                 batch.push_row(key, 0, t);
                 batch.push_int(0, v);
@@ -889,10 +954,16 @@ mod tests {
                 keys.intern(&e)
             })
             .collect();
-        for seed in 0..40 {
+        for seed in 0..80 {
             let mut rng = Rng::new(seed);
-            let mut state = WindowState::default();
-            let mut batch = Batch::new(&[FieldType::Int, FieldType::Text], 1, true);
+            // Both indexes of slots and groups: hashed, and by period (slot ids as periods).
+            let (mut state, mut batch) = match seed % 2 {
+                0 => (WindowState::default(), Batch::new(&[FieldType::Int, FieldType::Text], 1, true)),
+                _ => (
+                    WindowState::by_period(),
+                    Batch::new(&[FieldType::Int, FieldType::Text], 1, true).by_period(),
+                ),
+            };
             let mut staged: Vec<Model> = Vec::new();
             let (mut seq, mut wm) = (0usize, 0i64);
             for step in 0..400 {

@@ -405,34 +405,43 @@ enum SlotIndex {
     /// By slot id first, then by key id: slot ids that many keys share (a tumbling
     /// window's or a sliding pane's start), so that a slot is found by one load from a
     /// small array instead of a probe of a table of every slot.
-    ByPeriod(Periods),
+    ByPeriod(PeriodMap),
 }
 
-/// The open periods (slot ids shared by many keys), each with its slots by key id.
+/// A map from (key id, period) to a u32 (a slot's handle, a batch's group) for periods
+/// that many keys share (a tumbling window's or a sliding pane's start): the open
+/// periods, each with its entries by key id, so that an entry is found by one load from
+/// a small array instead of a probe of a table of every entry.
 #[derive(Default)]
-struct Periods {
+pub(crate) struct PeriodMap {
     /// Ascending by id.
     list: Vec<Period>,
-    /// Open slots in all periods.
+    /// Entries in all periods.
     len: usize,
+    /// Arrays of periods that ended, for the next ones.
+    spare: Vec<Vec<u32>>,
 }
 
 struct Period {
     id: i64,
     slots: PeriodSlots,
-    /// Open slots in this period.
+    /// Entries in this period.
     open: u32,
     /// The largest key id that reached it.
     max_key: u32,
 }
 
-/// A period's slots by key id. Dense while that costs at most [`DENSE_SPREAD`] entries
+/// A period's entries by key id. Dense while that costs at most [`DENSE_SPREAD`] entries
 /// per open slot (plus [`DENSE_BASE`]); hashed otherwise: while a period has few slots,
 /// and when few of many keys reach it (a late one, with a long allowed lateness).
 enum PeriodSlots {
-    Dense(Vec<SlotHandle>),
-    Sparse(hashbrown::HashMap<u32, SlotHandle, foldhash::fast::RandomState>),
+    /// [`NO_SLOT`]: none.
+    Dense(Vec<u32>),
+    Sparse(hashbrown::HashMap<u32, u32, foldhash::fast::RandomState>),
 }
+
+/// Arrays kept for later periods.
+const SPARE_PERIODS: usize = 4;
 
 const DENSE_SPREAD: usize = 16;
 const DENSE_BASE: usize = 4096;
@@ -440,7 +449,7 @@ const DENSE_BASE: usize = 4096;
 /// Vacant slab entries that make the slab compacted, when they outnumber the open ones.
 const COMPACT_AT: usize = 4096;
 
-impl Periods {
+impl PeriodMap {
     #[inline]
     fn period(&self, id: i64) -> Option<&Period> {
         // Few periods are open; an event usually reaches the last one or the one before.
@@ -450,16 +459,17 @@ impl Periods {
         }
     }
 
+    /// The entry of `(key, id)`.
     #[inline]
-    fn find(&self, key: u32, id: i64) -> Option<SlotHandle> {
+    pub(crate) fn get(&self, key: u32, id: i64) -> Option<u32> {
         match &self.period(id)?.slots {
             PeriodSlots::Dense(v) => v.get(key as usize).copied().filter(|&h| h != NO_SLOT),
             PeriodSlots::Sparse(m) => m.get(&key).copied(),
         }
     }
 
-    /// Add a slot known to be absent.
-    fn insert(&mut self, key: u32, id: i64, h: SlotHandle) {
+    /// Add the entry of `(key, id)`, known to be absent (`h` is not [`NO_SLOT`]).
+    pub(crate) fn insert(&mut self, key: u32, id: i64, h: u32) {
         let at = match self.list.binary_search_by_key(&id, |p| p.id) {
             Ok(at) => at,
             Err(at) => {
@@ -476,7 +486,8 @@ impl Periods {
         let dense_len = DENSE_SPREAD * p.open as usize + DENSE_BASE;
         match &mut p.slots {
             PeriodSlots::Sparse(m) if (p.max_key as usize) < dense_len => {
-                let mut v = vec![NO_SLOT; p.max_key as usize + 1];
+                let mut v = self.spare.pop().unwrap_or_default();
+                v.resize(p.max_key as usize + 1, NO_SLOT);
                 m.iter().for_each(|(&k, &h)| v[k as usize] = h);
                 p.slots = PeriodSlots::Dense(v);
             }
@@ -501,8 +512,8 @@ impl Periods {
         self.len += 1;
     }
 
-    /// Move an open slot to `h`.
-    fn set(&mut self, key: u32, id: i64, h: SlotHandle) {
+    /// Replace the entry of `(key, id)`, if present.
+    pub(crate) fn set(&mut self, key: u32, id: i64, h: u32) {
         let Ok(at) = self.list.binary_search_by_key(&id, |p| p.id) else { return };
         match &mut self.list[at].slots {
             PeriodSlots::Dense(v) => {
@@ -518,7 +529,8 @@ impl Periods {
         }
     }
 
-    fn remove(&mut self, key: u32, id: i64) -> Option<SlotHandle> {
+    /// Remove the entry of `(key, id)`.
+    pub(crate) fn remove(&mut self, key: u32, id: i64) -> Option<u32> {
         let at = self.list.binary_search_by_key(&id, |p| p.id).ok()?;
         let p = &mut self.list[at];
         let h = match &mut p.slots {
@@ -531,9 +543,33 @@ impl Periods {
         p.open -= 1;
         self.len -= 1;
         if p.open == 0 {
-            self.list.remove(at);
+            let ended = self.list.remove(at);
+            self.keep(ended);
         }
         Some(h)
+    }
+
+    /// Remove every entry.
+    pub(crate) fn clear(&mut self) {
+        for ended in std::mem::take(&mut self.list) {
+            self.keep(ended);
+        }
+        self.len = 0;
+    }
+
+    /// Keep an ended period's array (emptied) for a later one.
+    fn keep(&mut self, ended: Period) {
+        if let PeriodSlots::Dense(mut v) = ended.slots {
+            if self.spare.len() < SPARE_PERIODS {
+                v.clear();
+                self.spare.push(v);
+            }
+        }
+    }
+
+    /// Entries held.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -545,7 +581,7 @@ impl SlotIndex {
                 let hash = hasher.hash_one((key, id));
                 table.find(hash, |&h| slab[h as usize].holds(key, id)).copied()
             }
-            SlotIndex::ByPeriod(p) => p.find(key, id),
+            SlotIndex::ByPeriod(p) => p.get(key, id),
         }
     }
 
@@ -600,7 +636,7 @@ impl SlotIndex {
     fn len(&self) -> usize {
         match self {
             SlotIndex::Hashed { table, .. } => table.len(),
-            SlotIndex::ByPeriod(p) => p.len,
+            SlotIndex::ByPeriod(p) => p.len(),
         }
     }
 }
@@ -640,7 +676,7 @@ impl WindowState {
     /// State whose slot ids are periods that many keys share: tumbling windows and
     /// sliding panes (by their start). Sessions (numbered one by one) take the default.
     pub fn by_period() -> WindowState {
-        WindowState { index: SlotIndex::ByPeriod(Periods::default()), ..Default::default() }
+        WindowState { index: SlotIndex::ByPeriod(PeriodMap::default()), ..Default::default() }
     }
 
     /// The handle of an open slot.

@@ -51,6 +51,12 @@ impl Assigner {
         }
     }
 
+    /// Whether slot ids are periods that every key shares (window or pane starts), not
+    /// numbers of one key's sessions.
+    pub fn periodic(&self) -> bool {
+        !matches!(self, Assigner::Session { .. })
+    }
+
     /// The slot an event at `t` starts from: its tumbling window, its sliding pane, or its
     /// own session `[t, t + gap)` before merging.
     #[inline]

@@ -195,19 +195,17 @@ impl WindowOperator {
     ) -> WindowOperator {
         let types: Vec<FieldType> = plugin.info().fields.iter().map(|f| f.type_).collect();
         let columns = column_slots.into_iter().zip(types.iter().copied()).collect();
+        let assigner = Assigner::new(spec.kind);
         WindowOperator {
             name: name.to_string(),
             prefixed,
-            assigner: Assigner::new(spec.kind),
+            assigner,
             lateness: spec.allowed_lateness_ms,
             keys: KeyTable::default(),
             touched: Vec::new(),
             sweep_at: IDLE_KEYS_KEPT,
-            state: match spec.kind {
-                crate::pipeline::WindowKind::Session { .. } => WindowState::default(),
-                _ => WindowState::by_period(),
-            },
-            batch: Batch::new(&types, key_arity, plugin.info().ordered_input),
+            state: if assigner.periodic() { WindowState::by_period() } else { WindowState::default() },
+            batch: new_batch(&types, key_arity, plugin.info().ordered_input, assigner.periodic()),
             batch_size,
             key_arity,
             plugin,
@@ -706,7 +704,7 @@ impl WindowOperator {
         held.sort_by(|a, b| (self.keys.encoded(a.0 .0), a.0 .1).cmp(&(self.keys.encoded(b.0 .0), b.0 .1)));
         let staged = self.batch.rows();
         let types: Vec<FieldType> = plugin.info().fields.iter().map(|f| f.type_).collect();
-        self.batch = Batch::new(&types, self.key_arity, plugin.info().ordered_input);
+        self.batch = new_batch(&types, self.key_arity, plugin.info().ordered_input, self.assigner.periodic());
         for ((k, id), rows) in held {
             self.state.set_acc(k, id, &[]);
             rows.iter().for_each(|(time, values)| self.batch.push_values(k, id, time, values));
@@ -1361,6 +1359,17 @@ pub fn push_key_part(out: &mut String, field: &str) {
             out.push('\\');
         }
         out.push(c);
+    }
+}
+
+/// The batch of an operator whose slot ids are periods many keys share (`periodic`) or
+/// not (sessions).
+fn new_batch(types: &[FieldType], key_arity: usize, ordered: bool, periodic: bool) -> Batch {
+    let batch = Batch::new(types, key_arity, ordered);
+    if periodic {
+        batch.by_period()
+    } else {
+        batch
     }
 }
 

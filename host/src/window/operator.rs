@@ -163,6 +163,9 @@ pub struct WindowOperator {
     fire_groups: Groups,
     /// Scratch of [`place_by_rank`]: window index by key rank.
     by_rank: Vec<u32>,
+    /// Scratch of [`Self::emit`]: the windows that fire, and [`place_by_rank`]'s.
+    fired: Vec<(u32, Window, Acc)>,
+    placed: Vec<(u32, Window, Acc)>,
     counters: OperatorCounters,
     /// Slots removed since the last checkpoint (encoded key, slot id), when a backend
     /// keeps an incremental copy.
@@ -217,6 +220,8 @@ impl WindowOperator {
             next_session: 0,
             fire_groups: empty_groups(key_arity as u32),
             by_rank: Vec::new(),
+            fired: Vec::new(),
+            placed: Vec::new(),
             counters: OperatorCounters::default(),
             removed: None,
             on_error: OnError::default(),
@@ -995,24 +1000,29 @@ impl WindowOperator {
             return Ok(());
         }
         // (key, window, accumulator) of every window.
-        let mut windows: Vec<(u32, Window, Acc)> = match self.assigner {
-            Assigner::Sliding { size, slide } => self.merge_panes(fires, size, slide)?,
-            _ if closing => fires
-                .iter()
-                .filter_map(|&(k, id)| self.drop_slot(k, id).map(|s| (k, s.window, s.acc)))
-                .collect(),
-            _ => fires
-                .iter()
-                .filter_map(|&(k, id)| self.state.slot(k, id).map(|s| (k, s.window, s.acc.clone())))
-                .collect(),
-        };
+        // Into the buffers of the last call: no allocation, no page touched for the first
+        // time, as windows fire.
+        let mut windows = std::mem::take(&mut self.fired);
+        windows.clear();
+        windows.reserve(fires.len());
+        match self.assigner {
+            Assigner::Sliding { size, slide } => windows.extend(self.merge_panes(fires, size, slide)?),
+            _ if closing => windows.extend(
+                fires.iter().filter_map(|&(k, id)| self.drop_slot(k, id).map(|s| (k, s.window, s.acc))),
+            ),
+            _ => windows.extend(
+                fires
+                    .iter()
+                    .filter_map(|&(k, id)| self.state.slot(k, id).map(|s| (k, s.window, s.acc.clone()))),
+            ),
+        }
         // By window, then key. A timer may have been set twice (a slot dropped and opened
         // again before its timer came due): the window fires once. A closing slot is
         // removed by its first fire (the second finds nothing); a slot that stays gives
         // both the same accumulator. Windows that sort equal are then the same, so an
         // unstable sort gives the same order.
         match self.keys.ranks(windows.len()) {
-            Some(rank) if !place_by_rank(&mut windows, rank, &mut self.by_rank) => {
+            Some(rank) if !place_by_rank(&mut windows, rank, &mut self.by_rank, &mut self.placed) => {
                 // Sort small (end, start, rank, index) tuples, then move the windows once.
                 let mut order: Vec<(i64, i64, u32, u32)> = windows
                     .iter()
@@ -1074,6 +1084,8 @@ impl WindowOperator {
                 out.push(Emitted { key, value: Some(value) });
             }
         }
+        windows.clear();
+        self.fired = windows;
         Ok(())
     }
 
@@ -1377,7 +1389,12 @@ fn new_batch(types: &[FieldType], key_arity: usize, ordered: bool, periodic: boo
 /// by every key): then they go in key order by placing each at its key's rank, in time
 /// linear in the keys, when there are not many more keys than windows. False (nothing
 /// moved) when that does not apply: several windows, a key twice, too many keys.
-fn place_by_rank(windows: &mut Vec<(u32, Window, Acc)>, rank: &[u32], by_rank: &mut Vec<u32>) -> bool {
+fn place_by_rank(
+    windows: &mut Vec<(u32, Window, Acc)>,
+    rank: &[u32],
+    by_rank: &mut Vec<u32>,
+    placed: &mut Vec<(u32, Window, Acc)>,
+) -> bool {
     let Some(&(_, first, _)) = windows.first() else { return true };
     if rank.len() > 8 * windows.len() + 4096 || windows.iter().any(|w| w.1 != first) {
         return false;
@@ -1390,14 +1407,12 @@ fn place_by_rank(windows: &mut Vec<(u32, Window, Acc)>, rank: &[u32], by_rank: &
             _ => return false,
         }
     }
-    *windows = by_rank
-        .iter()
-        .filter(|&&i| i != u32::MAX)
-        .map(|&i| {
-            let (k, w, acc) = &mut windows[i as usize];
-            (*k, *w, std::mem::take(acc))
-        })
-        .collect();
+    placed.clear();
+    placed.extend(by_rank.iter().filter(|&&i| i != u32::MAX).map(|&i| {
+        let (k, w, acc) = &mut windows[i as usize];
+        (*k, *w, std::mem::take(acc))
+    }));
+    std::mem::swap(windows, placed);
     true
 }
 

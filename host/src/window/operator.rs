@@ -1450,7 +1450,7 @@ mod tests {
         let mut scratch = Vec::new();
         let mut windows: Vec<(u32, Window, Acc)> =
             [0u32, 4, 2].iter().map(|&k| (k, w, Acc::from_slice(&[k as u8]))).collect();
-        assert!(place_by_rank(&mut windows, &rank, &mut scratch));
+        assert!(place_by_rank(&mut windows, &rank, &mut scratch, &mut Vec::new()));
         let order: Vec<(u32, u8)> = windows.iter().map(|x| (x.0, x.2[0])).collect();
         assert_eq!(order, vec![(2, 2), (4, 4), (0, 0)]);
         // A key twice, two different windows, a key without a rank: nothing moves.
@@ -1459,7 +1459,7 @@ mod tests {
             let mut windows: Vec<(u32, Window, Acc)> =
                 keys.iter().map(|&(k, w)| (k, w, Acc::new())).collect();
             let before: Vec<(u32, Window)> = windows.iter().map(|x| (x.0, x.1)).collect();
-            assert!(!place_by_rank(&mut windows, &rank, &mut scratch));
+            assert!(!place_by_rank(&mut windows, &rank, &mut scratch, &mut Vec::new()));
             assert_eq!(windows.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>(), before);
         }
     }

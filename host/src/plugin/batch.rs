@@ -14,7 +14,7 @@
 //! rows taken leave holes that are closed once they outnumber the rows staged.
 
 use super::{empty_packed, packed_clear, packed_push, Column, Events, FieldType, Groups, Packed};
-use crate::state::{KeyTable, PeriodMap, SlotHandle, WindowState, NO_SLOT};
+use crate::state::{KeyTable, PeriodMap, SlotHandle, WindowState, NO_SLOT, PREFETCH_DISTANCE};
 use crate::window::Window;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -656,10 +656,17 @@ impl Batch {
                 _ => unreachable!("staged and call columns are built from the same field types"),
             }
         }
+        let slots = &self.call_slots;
         fill_groups(
             &mut self.groups,
             keys,
-            call_groups.iter().zip(&self.call_slots).map(|(&(k, id), &h)| {
+            call_groups.iter().zip(slots).enumerate().map(|(i, (&(k, id), &h))| {
+                if let (Some(&(ahead, _)), Some(&at)) =
+                    (call_groups.get(i + PREFETCH_DISTANCE), slots.get(i + PREFETCH_DISTANCE))
+                {
+                    keys.prefetch(ahead);
+                    state.prefetch(at);
+                }
                 let slot = state.slot_at(h, k, id);
                 (
                     k,

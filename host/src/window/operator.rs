@@ -18,7 +18,7 @@ use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, SlotRows
 use crate::plugin::{packed_item, packed_push, FieldType, Groups, OnError, Packed, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
-use crate::state::{Acc, KeyTable, Slot, SlotHandle, Timer, TimerKind, WindowState};
+use crate::state::{Acc, KeyTable, Slot, SlotHandle, Timer, TimerKind, WindowState, PREFETCH_DISTANCE};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -1050,10 +1050,16 @@ impl WindowOperator {
         }
         windows.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         for chunk in windows.chunks(self.batch_size) {
+            let keys = &self.keys;
             fill_groups(
                 &mut self.fire_groups,
-                &self.keys,
-                chunk.iter().map(|(k, w, a)| (*k, *w, a.as_slice())),
+                keys,
+                chunk.iter().enumerate().map(|(i, (k, w, a))| {
+                    if let Some(ahead) = chunk.get(i + PREFETCH_DISTANCE) {
+                        keys.prefetch(ahead.0);
+                    }
+                    (*k, *w, a.as_slice())
+                }),
             );
             let emitted = match self.plugin.finish(&self.fire_groups) {
                 Ok(e) => e,

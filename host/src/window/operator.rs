@@ -795,10 +795,29 @@ impl WindowOperator {
     /// Hand staged rows to the plugin: all of them, or for ordered plugins those whose
     /// slot is complete at watermark `ready`.
     pub fn flush(&mut self, ready: Option<i64>) -> Result<()> {
+        self.hand_over(if self.batch.ordered() { Some(ready.unwrap_or(i64::MAX)) } else { None })
+    }
+
+    /// Before the windows due at watermark `wm` fire: the rows of the complete slots reach
+    /// the plugin. Tumbling windows and sliding panes of an unordered plugin hand over
+    /// just those too, so that a window's rows mostly reach the plugin in one group, at its
+    /// end, not in one group per batch that saw them (their windows fire together, once a
+    /// period: the rows that stay are not gone over again and again, as they would be
+    /// between sessions that end one by one).
+    fn flush_before_firing(&mut self, wm: i64) -> Result<()> {
+        if self.assigner.periodic() && !self.batch.ordered() {
+            self.hand_over(Some(wm))
+        } else {
+            self.flush(Some(wm))
+        }
+    }
+
+    /// Hand the staged rows of the slots complete at watermark `ready` (None: all) to the
+    /// plugin.
+    fn hand_over(&mut self, ready: Option<i64>) -> Result<()> {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let ready = if self.batch.ordered() { Some(ready.unwrap_or(i64::MAX)) } else { None };
         let groups = self.batch.assemble(&self.keys, &self.state, ready);
         if groups.is_empty() {
             self.batch.recycle(groups);
@@ -966,12 +985,12 @@ impl WindowOperator {
             self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
             return Ok(());
         }
-        // Staged rows reach the accumulators (ordered plugins: of the complete slots)
-        // before they fire or end. Popping timers reads only windows, which a flush keeps.
+        // Staged rows of the complete slots reach the accumulators before they fire or
+        // end (see `flush_before_firing`). Popping timers reads only windows, which a flush keeps.
         // Every slot it takes has a timer due now (or had one popped already), so when
         // slots end as they fire, all it takes are dropped below.
         self.handing_over_to_close = self.fire_cleans_up();
-        let flushed = self.flush(Some(wm));
+        let flushed = self.flush_before_firing(wm);
         self.handing_over_to_close = false;
         flushed?;
         if matches!(self.assigner, Assigner::Sliding { .. }) {

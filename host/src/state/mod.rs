@@ -1112,13 +1112,17 @@ mod tests {
 
     /// Random opens, writes and removals against a map of (key, id) to accumulator: both
     /// indexes (hashed, and by period: dense and hashed periods, keys with ids far apart,
-    /// compactions) hold what the map holds, and handles reach their slots while open.
+    /// periods that end, compactions while dense periods hold slots) hold what the map
+    /// holds, and handles reach their slots while open.
     #[test]
     fn slots_are_what_a_map_of_key_and_id_says_through_every_index() {
         for by_period in [false, true] {
             let mut s = if by_period { WindowState::by_period() } else { WindowState::default() };
             let mut model: BTreeMap<(u32, i64), Vec<u8>> = BTreeMap::new();
             let mut handles: Vec<(SlotHandle, u32, i64)> = Vec::new();
+            // What the by-period index went through: (dense, sparse) periods holding slots
+            // seen, compactions with a dense period holding slots, periods ended.
+            let (mut seen_dense, mut seen_sparse, mut compacted_dense, mut ended) = (false, false, 0, 0);
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             let mut next = |n: u64| {
                 x ^= x << 13;
@@ -1127,10 +1131,25 @@ mod tests {
                 x % n
             };
             for step in 0..300_000u64 {
-                // Mostly keys below 3 000, now and then one far above (a sparse period).
-                let key = if next(50) == 0 { 3_000 + next(200_000) } else { next(3_000) } as u32;
-                // Periods come and go: the ids drift upwards.
+                // Mostly keys below 3 000; in every other stretch, now and then one far
+                // above (a period that few of many keys reach goes sparse).
+                let key = match next(400) {
+                    0 if step % 100_000 >= 50_000 => 3_000 + next(200_000),
+                    0..=7 => 3_000 + next(2_000),
+                    _ => next(3_000),
+                } as u32;
+                // Periods come and go: the ids drift upwards, and the periods left behind
+                // end (all their slots removed, as when their windows fire).
                 let id = 300 * (step / 20_000 + next(4)) as i64;
+                if step % 20_000 == 0 {
+                    let old: Vec<(u32, i64)> = model.keys().filter(|&&(_, i)| i < id).copied().collect();
+                    for (k, i) in old {
+                        let removed = s.remove(k, i).map(|(slot, _)| slot.acc.to_vec());
+                        assert_eq!(removed, model.remove(&(k, i)));
+                    }
+                    ended += 1;
+                }
+                let vacant = s.vacant;
                 match next(10) {
                     0..=4 => {
                         let w = Window { start: id, end: id + 300 };
@@ -1159,6 +1178,18 @@ mod tests {
                         assert_eq!(removed, model.remove(&(k, i)));
                     }
                 }
+                if let SlotIndex::ByPeriod(p) = &s.index {
+                    let live = |dense: bool| {
+                        p.list.iter().any(|q| q.open > 0 && matches!(q.slots, PeriodSlots::Dense(_)) == dense)
+                    };
+                    if s.vacant < vacant && live(true) {
+                        compacted_dense += 1;
+                    }
+                    if step % 1_000 == 0 {
+                        seen_dense |= live(true);
+                        seen_sparse |= live(false);
+                    }
+                }
                 if step % 1_000 == 0 {
                     for &(h, k, i) in handles.iter().rev().take(50) {
                         let at = s.slot_at(h, k, i).map(|slot| slot.acc.to_vec());
@@ -1167,6 +1198,9 @@ mod tests {
                 }
             }
             assert!(!model.is_empty());
+            if by_period {
+                assert!(seen_dense && seen_sparse && compacted_dense > 0 && ended > 10);
+            }
             let held: BTreeMap<(u32, i64), Vec<u8>> =
                 s.iter().map(|(k, i, slot)| ((k, i), slot.acc.to_vec())).collect();
             assert_eq!(held, model);

@@ -353,3 +353,60 @@ fn a_slot_dropped_for_a_fault_and_opened_again_fires_once_with_its_events() {
         ]
     );
 }
+
+#[test]
+fn an_unordered_plugin_gets_the_rows_of_the_windows_that_fire_and_the_others_wait() {
+    // Tumbling, size 10. At watermark 10 [0,10) fires with 1 and 3: that call takes its
+    // rows only; 12 and 14 wait for [10,20), which then reaches the plugin in one call
+    // with 16 too. A checkpoint (`flush_unordered`) hands over every staged row.
+    let key = {
+        let mut e = Vec::new();
+        crate::state::push_key_field(&mut e, b"k");
+        e
+    };
+    let results = |out: Vec<super::operator::Emitted>| -> Vec<(String, String)> {
+        out.into_iter().map(|e| (e.key, e.value.unwrap_or_default())).collect()
+    };
+    for checkpoint in [false, true] {
+        let spec = WindowSpec { kind: WindowKind::Tumbling { size_ms: 10 }, allowed_lateness_ms: 0 };
+        let mut op = WindowOperator::new("w", false, &spec, times(false), 1024, 1, Vec::new());
+        let mut out = Vec::new();
+        for t in [1, 12, 3, 14] {
+            op.on_event(&key, t, NONE, &[], &mut out).unwrap();
+        }
+        op.advance(10, &mut out).unwrap();
+        assert_eq!(
+            results(std::mem::take(&mut out)),
+            [("0|k".to_string(), r#"{"times":[1,3]}"#.to_string())]
+        );
+        assert_eq!((op.staged(), op.plugin().calls().count), (2, 1));
+        if checkpoint {
+            op.flush_unordered().unwrap();
+            assert_eq!((op.staged(), op.plugin().calls().count), (0, 2));
+        }
+        op.on_event(&key, 16, 10, &[], &mut out).unwrap();
+        op.advance(20, &mut out).unwrap();
+        assert_eq!(results(out), [("10|k".to_string(), r#"{"times":[12,14,16]}"#.to_string())]);
+        assert_eq!((op.staged(), op.plugin().calls().count), (0, if checkpoint { 3 } else { 2 }));
+    }
+    // Sliding, size 10 every 5: at watermark 10 panes [0,5) and [5,10) are complete and
+    // [-5,5) and [0,10) fire; pane [10,15)'s row waits.
+    let spec = WindowSpec { kind: WindowKind::Sliding { size_ms: 10, slide_ms: 5 }, allowed_lateness_ms: 0 };
+    let mut op = WindowOperator::new("w", false, &spec, times(false), 1024, 1, Vec::new());
+    let mut out = Vec::new();
+    for t in [2, 11, 7] {
+        op.on_event(&key, t, NONE, &[], &mut out).unwrap();
+    }
+    op.advance(10, &mut out).unwrap();
+    assert_eq!(op.staged(), 1);
+    op.drain(&mut out).unwrap();
+    assert_eq!(
+        results(out),
+        [
+            ("-5|k".to_string(), r#"{"times":[2]}"#.to_string()),
+            ("0|k".to_string(), r#"{"times":[2,7]}"#.to_string()),
+            ("5|k".to_string(), r#"{"times":[7,11]}"#.to_string()),
+            ("10|k".to_string(), r#"{"times":[11]}"#.to_string())
+        ]
+    );
+}

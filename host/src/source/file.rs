@@ -34,6 +34,9 @@ pub struct FileSource {
     ended: Vec<u32>,
 }
 
+/// What a record's input is offered to: its length when it takes the record there.
+type Take = fn(&[u8], Position) -> Result<Option<usize>>;
+
 impl FileSource {
     /// Open `paths` as partitions 0..n, resuming each at its saved position (matched by
     /// partition number).
@@ -101,7 +104,7 @@ impl FileSource {
     /// The next record of the next partition that has one.
     pub fn next_record(&mut self) -> Result<Option<(&[u8], Position)>> {
         // No offer: nothing is done for one (no position made, no look at the input ahead).
-        let no_take: Option<fn(&[u8], Position) -> Result<Option<usize>>> = None;
+        let no_take: Option<Take> = None;
         match self.next_offered(no_take)? {
             Framed::Record(record, pos) => Ok(Some((record, pos))),
             Framed::Taken | Framed::End => Ok(None),

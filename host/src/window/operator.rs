@@ -163,6 +163,8 @@ pub struct WindowOperator {
     fire_groups: Groups,
     /// Scratch of [`place_by_rank`]: window index by key rank.
     by_rank: Vec<u32>,
+    /// Sliding windows: by key id, the end of the last window taken to fire.
+    fired_ends: Vec<i64>,
     /// Scratch of [`Self::emit`]: the windows that fire, and [`place_by_rank`]'s.
     fired: Vec<(u32, Window, Acc)>,
     placed: Vec<(u32, Window, Acc)>,
@@ -220,6 +222,7 @@ impl WindowOperator {
             next_session: 0,
             fire_groups: empty_groups(key_arity as u32),
             by_rank: Vec::new(),
+            fired_ends: Vec::new(),
             fired: Vec::new(),
             placed: Vec::new(),
             counters: OperatorCounters::default(),
@@ -957,6 +960,7 @@ impl WindowOperator {
             return Ok(());
         }
         let sessions = matches!(self.assigner, Assigner::Session { .. });
+        let sliding = matches!(self.assigner, Assigner::Sliding { .. });
         let mut fires = Vec::new();
         let mut cleanups = Vec::new();
         while let Some(t) = self.state.pop_due(wm) {
@@ -976,6 +980,19 @@ impl WindowOperator {
                 }
             }
             match t.kind {
+                TimerKind::Fire if sliding => {
+                    // Every pane of a window sets the window's timer (its end, also its
+                    // id): it fires once. A key's timers of one end come due together,
+                    // ends in order, so a key's last end taken tells a repeat.
+                    let k = t.key as usize;
+                    if k >= self.fired_ends.len() {
+                        self.fired_ends.resize(k + 1, i64::MIN);
+                    }
+                    if self.fired_ends[k] != t.id {
+                        self.fired_ends[k] = t.id;
+                        fires.push((t.key, t.id));
+                    }
+                }
                 TimerKind::Fire => fires.push((t.key, t.id)),
                 TimerKind::Cleanup => cleanups.push((t.key, t.id)),
             }
@@ -993,11 +1010,6 @@ impl WindowOperator {
         let flushed = self.flush_before_firing(wm);
         self.handing_over_to_close = false;
         flushed?;
-        if matches!(self.assigner, Assigner::Sliding { .. }) {
-            // Every pane of a window sets the window's timer: it fires once.
-            fires.sort_unstable();
-            fires.dedup();
-        }
         // Fires that close their slots removed them.
         self.emit(&fires, out, self.fire_cleans_up())?;
         for (key, id) in cleanups {

@@ -452,17 +452,40 @@ pub(crate) struct PeriodMap {
 
 struct Period {
     id: i64,
-    slots: PeriodSlots,
+    slots: PeriodEntries,
     /// Entries in this period.
     open: u32,
     /// The largest key id that reached it.
     max_key: u32,
 }
 
+/// The slots of one slot id ([`WindowState::period`]).
+pub enum PeriodSlots<'a> {
+    /// Of a period (none open: None).
+    Period(Option<&'a PeriodEntries>),
+    /// Of a state hashed by (key, id).
+    Hashed(&'a WindowState, i64),
+}
+
+impl PeriodSlots<'_> {
+    /// The handle of the key's slot.
+    #[inline]
+    pub fn handle(&self, key: u32) -> Option<SlotHandle> {
+        match self {
+            PeriodSlots::Period(None) => None,
+            PeriodSlots::Period(Some(PeriodEntries::Dense(v))) => {
+                v.get(key as usize).copied().filter(|&h| h != NO_SLOT)
+            }
+            PeriodSlots::Period(Some(PeriodEntries::Sparse(m))) => m.get(&key).copied(),
+            PeriodSlots::Hashed(state, id) => state.handle(key, *id),
+        }
+    }
+}
+
 /// A period's entries by key id. Dense while that costs at most [`DENSE_SPREAD`] entries
 /// per open slot (plus [`DENSE_BASE`]); hashed otherwise: while a period has few slots,
 /// and when few of many keys reach it (a late one, with a long allowed lateness).
-enum PeriodSlots {
+pub enum PeriodEntries {
     /// [`NO_SLOT`]: none.
     Dense(Vec<u32>),
     Sparse(hashbrown::HashMap<u32, u32, foldhash::fast::RandomState>),
@@ -491,8 +514,8 @@ impl PeriodMap {
     #[inline]
     pub(crate) fn get(&self, key: u32, id: i64) -> Option<u32> {
         match &self.period(id)?.slots {
-            PeriodSlots::Dense(v) => v.get(key as usize).copied().filter(|&h| h != NO_SLOT),
-            PeriodSlots::Sparse(m) => m.get(&key).copied(),
+            PeriodEntries::Dense(v) => v.get(key as usize).copied().filter(|&h| h != NO_SLOT),
+            PeriodEntries::Sparse(m) => m.get(&key).copied(),
         }
     }
 
@@ -501,7 +524,7 @@ impl PeriodMap {
         let at = match self.list.binary_search_by_key(&id, |p| p.id) {
             Ok(at) => at,
             Err(at) => {
-                let slots = PeriodSlots::Sparse(Default::default());
+                let slots = PeriodEntries::Sparse(Default::default());
                 self.list.insert(at, Period { id, slots, open: 0, max_key: 0 });
                 at
             }
@@ -513,27 +536,27 @@ impl PeriodMap {
         // starts hashed (its first keys may have any ids) and turns dense as it fills.
         let dense_len = DENSE_SPREAD * p.open as usize + DENSE_BASE;
         match &mut p.slots {
-            PeriodSlots::Sparse(m) if (p.max_key as usize) < dense_len => {
+            PeriodEntries::Sparse(m) if (p.max_key as usize) < dense_len => {
                 let mut v = self.spare.pop().unwrap_or_default();
                 v.resize(p.max_key as usize + 1, NO_SLOT);
                 m.iter().for_each(|(&k, &h)| v[k as usize] = h);
-                p.slots = PeriodSlots::Dense(v);
+                p.slots = PeriodEntries::Dense(v);
             }
-            PeriodSlots::Dense(v) if key as usize >= v.len() && key as usize >= dense_len => {
+            PeriodEntries::Dense(v) if key as usize >= v.len() && key as usize >= dense_len => {
                 let open = v.iter().enumerate().filter(|(_, &h)| h != NO_SLOT);
-                p.slots = PeriodSlots::Sparse(open.map(|(k, &h)| (k as u32, h)).collect());
+                p.slots = PeriodEntries::Sparse(open.map(|(k, &h)| (k as u32, h)).collect());
             }
             _ => {}
         }
         match &mut p.slots {
-            PeriodSlots::Dense(v) => {
+            PeriodEntries::Dense(v) => {
                 let k = key as usize;
                 if k >= v.len() {
                     v.resize((k + 1).max(2 * v.len()).min(dense_len), NO_SLOT);
                 }
                 v[k] = h;
             }
-            PeriodSlots::Sparse(m) => {
+            PeriodEntries::Sparse(m) => {
                 m.insert(key, h);
             }
         }
@@ -544,12 +567,12 @@ impl PeriodMap {
     pub(crate) fn set(&mut self, key: u32, id: i64, h: u32) {
         let Ok(at) = self.list.binary_search_by_key(&id, |p| p.id) else { return };
         match &mut self.list[at].slots {
-            PeriodSlots::Dense(v) => {
+            PeriodEntries::Dense(v) => {
                 if let Some(x) = v.get_mut(key as usize) {
                     *x = h;
                 }
             }
-            PeriodSlots::Sparse(m) => {
+            PeriodEntries::Sparse(m) => {
                 if let Some(x) = m.get_mut(&key) {
                     *x = h;
                 }
@@ -562,11 +585,11 @@ impl PeriodMap {
         let at = self.list.binary_search_by_key(&id, |p| p.id).ok()?;
         let p = &mut self.list[at];
         let h = match &mut p.slots {
-            PeriodSlots::Dense(v) => {
+            PeriodEntries::Dense(v) => {
                 let h = std::mem::replace(v.get_mut(key as usize)?, NO_SLOT);
                 (h != NO_SLOT).then_some(h)?
             }
-            PeriodSlots::Sparse(m) => m.remove(&key)?,
+            PeriodEntries::Sparse(m) => m.remove(&key)?,
         };
         p.open -= 1;
         self.len -= 1;
@@ -587,7 +610,7 @@ impl PeriodMap {
 
     /// Keep an ended period's array (emptied) for a later one.
     fn keep(&mut self, ended: Period) {
-        if let PeriodSlots::Dense(mut v) = ended.slots {
+        if let PeriodEntries::Dense(mut v) = ended.slots {
             if self.spare.len() < SPARE_PERIODS {
                 v.clear();
                 self.spare.push(v);
@@ -711,6 +734,15 @@ impl WindowState {
     #[inline]
     pub fn handle(&self, key: u32, id: i64) -> Option<SlotHandle> {
         self.index.find(&self.slab, key, id)
+    }
+
+    /// The slots of slot id `id`, for the lookups of many keys in a row (the period is
+    /// found once).
+    pub fn period(&self, id: i64) -> PeriodSlots<'_> {
+        match &self.index {
+            SlotIndex::ByPeriod(p) => PeriodSlots::Period(p.period(id).map(|q| &q.slots)),
+            SlotIndex::Hashed { .. } => PeriodSlots::Hashed(self, id),
+        }
     }
 
     #[inline]
@@ -1180,7 +1212,9 @@ mod tests {
                 }
                 if let SlotIndex::ByPeriod(p) = &s.index {
                     let live = |dense: bool| {
-                        p.list.iter().any(|q| q.open > 0 && matches!(q.slots, PeriodSlots::Dense(_)) == dense)
+                        p.list
+                            .iter()
+                            .any(|q| q.open > 0 && matches!(q.slots, PeriodEntries::Dense(_)) == dense)
                     };
                     if s.vacant < vacant && live(true) {
                         compacted_dense += 1;

@@ -18,7 +18,9 @@ use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, SlotRows
 use crate::plugin::{packed_item, packed_push, FieldType, Groups, OnError, Packed, PluginIdentity};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
-use crate::state::{Acc, KeyTable, Slot, SlotHandle, Timer, TimerKind, WindowState, PREFETCH_DISTANCE};
+use crate::state::{
+    Acc, KeyTable, PeriodSlots, Slot, SlotHandle, Timer, TimerKind, WindowState, PREFETCH_DISTANCE,
+};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
@@ -1187,14 +1189,23 @@ impl WindowOperator {
         let mut panes: Vec<(i64, SlotHandle)> = Vec::with_capacity(fires.len() * (size / slide) as usize);
         let mut pane_at: Vec<usize> = Vec::with_capacity(fires.len() + 1);
         pane_at.push(0);
+        // The panes' periods, each found once for the many keys whose windows fire.
+        let mut periods: Vec<(i64, PeriodSlots)> = Vec::new();
         for &(k, end) in fires {
             let start = end - size;
             let first = panes.len();
-            panes.extend(
-                (0..size / slide)
-                    .map(|i| start + i * slide)
-                    .filter_map(|p| self.state.handle(k, p).map(|h| (p, h))),
-            );
+            for p in (0..size / slide).map(|i| start + i * slide) {
+                let at = match periods.iter().position(|(id, _)| *id == p) {
+                    Some(at) => at,
+                    None => {
+                        periods.push((p, self.state.period(p)));
+                        periods.len() - 1
+                    }
+                };
+                if let Some(h) = periods[at].1.handle(k) {
+                    panes.push((p, h));
+                }
+            }
             match panes.get(first) {
                 Some(&(p, h)) => {
                     windows.push((k, Window { start, end }, Acc::from_slice(self.state.acc_at(h, k, p))));

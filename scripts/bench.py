@@ -6,8 +6,8 @@ are its own:
   - throughput (`km0 bench`, best of 3, records per CPU-second of the whole process):
     the stock alert on the default stream (1 000 keys, 15 events per key and window) and
     on 10 000 keys (500 products x 20 markets: ~4 events per key and window and 1% late,
-    the regime issue 16 sets, and a sparser 1.5), and the delivery panel (140 and 5 000
-    riders);
+    the regime issue 16 sets, and a sparser 1.5; and over sliding windows, 5 minutes every
+    minute), and the delivery panel (140 and 5 000 riders);
   - ~1M open keyed windows (1000 products x 1000 markets, every event in one 5-minute
     window), memory and RocksDB backends: the processing pause of one checkpoint, the
     recovery from it, and the process's peak RSS;
@@ -79,6 +79,16 @@ def throughput(work):
     print("throughput (km0 bench, best of 3):", file=sys.stderr)
     stock = os.path.join(ROOT, "examples/stock-alert/pipeline.toml")
     panel = os.path.join(ROOT, "examples/delivery-panel/pipeline.toml")
+    # The stock alert over sliding windows: 5 minutes every minute (each event in 5
+    # windows, each window merged from 5 panes).
+    sliding = pipeline(work, "sliding", os.devnull)
+    with open(sliding) as f:
+        text = f.read()
+    text = text.replace('kind = "tumbling"\nsize = "5m"', 'kind = "sliding"\nsize = "5m"\nslide = "1m"')
+    if 'kind = "sliding"' not in text:
+        sys.exit("bench: the stock example's window section changed: update the sliding case")
+    with open(sliding, "w") as f:
+        f.write(text)
     cases = [
         ("stock alert, 1 000 keys", [stock, "--events", str(1_000_000 // SCALE)], ">= 5"),
         # The issue's regime: ~4 events per key and window (an event every 8 ms of event
@@ -93,6 +103,12 @@ def throughput(work):
         (
             "stock alert, 10 000 keys, sparse",
             [stock, "--events", str(2_000_000 // SCALE), "--products", "500", "--markets", "20"],
+            "none set",
+        ),
+        (
+            "stock alert, 10 000 keys, sliding 5 min every 1 min",
+            [sliding, "--events", str(2_000_000 // SCALE), "--products", "500", "--markets", "20",
+             "--gap-ms", "8", "--late-fraction", "0.01"],
             "none set",
         ),
         ("delivery panel, 140 riders", [panel, "--stream", "delivery", "--events", str(1_000_000 // SCALE)], ">= 1.5"),

@@ -1189,14 +1189,18 @@ impl WindowOperator {
         let mut panes: Vec<(i64, SlotHandle)> = Vec::with_capacity(fires.len() * (size / slide) as usize);
         let mut pane_at: Vec<usize> = Vec::with_capacity(fires.len() + 1);
         pane_at.push(0);
-        // The panes' periods, each found once for the many keys whose windows fire.
+        // The panes' periods, each found once for the many keys whose windows fire. Fires
+        // come by end, so a pane's period is among the last few found (a call that fires
+        // many ends, at the input's end, does not search them all).
+        let n_panes = (size / slide) as usize;
         let mut periods: Vec<(i64, PeriodSlots)> = Vec::new();
         for &(k, end) in fires {
             let start = end - size;
             let first = panes.len();
             for p in (0..size / slide).map(|i| start + i * slide) {
-                let at = match periods.iter().position(|(id, _)| *id == p) {
-                    Some(at) => at,
+                let recent = periods.len().saturating_sub(2 * n_panes);
+                let at = match periods[recent..].iter().rposition(|(id, _)| *id == p) {
+                    Some(at) => recent + at,
                     None => {
                         periods.push((p, self.state.period(p)));
                         periods.len() - 1

@@ -1005,9 +1005,9 @@ impl WindowOperator {
             return Ok(());
         }
         // Staged rows of the complete slots reach the accumulators before they fire or
-        // end (see `flush_before_firing`). Popping timers reads only windows, which a flush keeps.
-        // Every slot it takes has a timer due now (or had one popped already), so when
-        // slots end as they fire, all it takes are dropped below.
+        // end (see `flush_before_firing`). Popping timers reads only windows, which a
+        // flush keeps. Every slot it takes has a timer due now (or had one popped
+        // already), so when slots end as they fire, all it takes are dropped below.
         self.handing_over_to_close = self.fire_cleans_up();
         let flushed = self.flush_before_firing(wm);
         self.handing_over_to_close = false;

@@ -464,10 +464,12 @@ impl Batch {
         self.call_slots.clear();
         for g in 0..n_groups {
             let (key, id) = self.group_list[g];
-            // A slot not open (yet) is not complete, as for ordered plugins.
+            // A slot not open (yet) is not complete, as for ordered plugins; every group is
+            // taken without a look at its slot when all are.
             let complete = || {
-                let end = state.slot_at(self.group_slot[g], key, id).map(|slot| slot.window.end);
-                ready.is_none_or(|ready| end.is_some_and(|end| end <= ready))
+                ready.is_none_or(|ready| {
+                    state.slot_at(self.group_slot[g], key, id).is_some_and(|slot| slot.window.end <= ready)
+                })
             };
             if canon[g] as usize == g && complete() {
                 call_index[g] = call_groups.len() as u32;

@@ -472,11 +472,7 @@ impl PeriodSlots<'_> {
     #[inline]
     pub fn handle(&self, key: u32) -> Option<SlotHandle> {
         match self {
-            PeriodSlots::Period(None) => None,
-            PeriodSlots::Period(Some(PeriodEntries::Dense(v))) => {
-                v.get(key as usize).copied().filter(|&h| h != NO_SLOT)
-            }
-            PeriodSlots::Period(Some(PeriodEntries::Sparse(m))) => m.get(&key).copied(),
+            PeriodSlots::Period(entries) => entries.and_then(|e| e.get(key)),
             PeriodSlots::Hashed(state, id) => state.handle(key, *id),
         }
     }
@@ -491,18 +487,30 @@ pub enum PeriodEntries {
     Sparse(hashbrown::HashMap<u32, u32, foldhash::fast::RandomState>),
 }
 
+impl PeriodEntries {
+    /// The entry of a key id.
+    #[inline]
+    fn get(&self, key: u32) -> Option<u32> {
+        match self {
+            PeriodEntries::Dense(v) => v.get(key as usize).copied().filter(|&h| h != NO_SLOT),
+            PeriodEntries::Sparse(m) => m.get(&key).copied(),
+        }
+    }
+
+    /// The entry of a key id, to replace it.
+    fn get_mut(&mut self, key: u32) -> Option<&mut u32> {
+        match self {
+            PeriodEntries::Dense(v) => v.get_mut(key as usize).filter(|h| **h != NO_SLOT),
+            PeriodEntries::Sparse(m) => m.get_mut(&key),
+        }
+    }
+}
+
 /// Arrays kept for later periods.
 const SPARE_PERIODS: usize = 4;
 
 const DENSE_SPREAD: usize = 16;
 const DENSE_BASE: usize = 4096;
-
-/// Vacant slab entries that make the slab compacted, when they are also more than a
-/// `COMPACT_SHARE`th of the open ones: the slab holds at most a quarter more entries than
-/// open slots (and 4 096), and an open slot is moved about 4 times in its life (a copy of
-/// 56 bytes, the price of never writing into a long-cold vacant entry).
-const COMPACT_AT: usize = 4096;
-const COMPACT_SHARE: usize = 4;
 
 impl PeriodMap {
     #[inline]
@@ -517,10 +525,7 @@ impl PeriodMap {
     /// The entry of `(key, id)`.
     #[inline]
     pub(crate) fn get(&self, key: u32, id: i64) -> Option<u32> {
-        match &self.period(id)?.slots {
-            PeriodEntries::Dense(v) => v.get(key as usize).copied().filter(|&h| h != NO_SLOT),
-            PeriodEntries::Sparse(m) => m.get(&key).copied(),
-        }
+        self.period(id)?.slots.get(key)
     }
 
     /// Add the entry of `(key, id)`, known to be absent (`h` is not [`NO_SLOT`]).
@@ -570,17 +575,8 @@ impl PeriodMap {
     /// Replace the entry of `(key, id)`, if present.
     pub(crate) fn set(&mut self, key: u32, id: i64, h: u32) {
         let Ok(at) = self.list.binary_search_by_key(&id, |p| p.id) else { return };
-        match &mut self.list[at].slots {
-            PeriodEntries::Dense(v) => {
-                if let Some(x) = v.get_mut(key as usize) {
-                    *x = h;
-                }
-            }
-            PeriodEntries::Sparse(m) => {
-                if let Some(x) = m.get_mut(&key) {
-                    *x = h;
-                }
-            }
+        if let Some(x) = self.list[at].slots.get_mut(key) {
+            *x = h;
         }
     }
 
@@ -701,6 +697,13 @@ impl Default for SlotIndex {
         SlotIndex::Hashed { table: Default::default(), hasher: Default::default() }
     }
 }
+
+/// Vacant slab entries that make the slab compacted, when they are also more than a
+/// `COMPACT_SHARE`th of the open ones: the slab holds at most a quarter more entries than
+/// open slots (and 4 096), and an open slot is moved about 4 times in its life (a copy of
+/// 56 bytes, the price of never writing into a long-cold vacant entry).
+const COMPACT_AT: usize = 4096;
+const COMPACT_SHARE: usize = 4;
 
 /// Accumulators by (key id, slot id), and the timers that fire and clean them up. The
 /// slot id is the window start (tumbling), the pane start (sliding) or a session number.

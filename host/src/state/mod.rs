@@ -69,12 +69,57 @@ pub struct KeyTable {
     ranked: bool,
 }
 
-/// An index entry: the id and where its key lies, so that a lookup compares the key
-/// without a detour through `spans` (one cache miss fewer per record with many keys).
+/// Keys of up to this many bytes (encoded) are held in their index entry too.
+const INLINE: usize = 40;
+
+/// An index entry: the id and the key, so that a lookup compares the key without a
+/// detour through `spans` or the chunks: the key's bytes when it is short (up to
+/// [`INLINE`]), else where it lies. Each detour was a cache miss per record with many
+/// keys (the entry, then the key's bytes).
 #[derive(Clone, Copy)]
 struct Interned {
     id: u32,
-    span: Span,
+    /// The key's length.
+    len: u32,
+    /// The key when `len <= INLINE`; else its span, in the first 12 bytes.
+    key: [u8; INLINE],
+}
+
+impl Interned {
+    fn new(id: u32, span: Span, encoded: &[u8]) -> Interned {
+        let mut e = Interned { id, len: encoded.len() as u32, key: [0; INLINE] };
+        match e.key.get_mut(..encoded.len()) {
+            Some(inline) => inline.copy_from_slice(encoded),
+            None => e.set_span(span),
+        }
+        e
+    }
+
+    #[inline]
+    fn is_inline(&self) -> bool {
+        self.len as usize <= INLINE
+    }
+
+    /// The key's bytes.
+    #[inline(always)]
+    fn key<'a>(&'a self, chunks: &'a [Arc<[u8]>]) -> &'a [u8] {
+        match self.key.get(..self.len as usize) {
+            Some(inline) => inline,
+            None => bytes_of(chunks, self.span()),
+        }
+    }
+
+    fn span(&self) -> Span {
+        let word =
+            |i: usize| u32::from_le_bytes([self.key[i], self.key[i + 1], self.key[i + 2], self.key[i + 3]]);
+        Span { chunk: word(0), start: word(4), len: word(8) }
+    }
+
+    fn set_span(&mut self, span: Span) {
+        self.key[0..4].copy_from_slice(&span.chunk.to_le_bytes());
+        self.key[4..8].copy_from_slice(&span.start.to_le_bytes());
+        self.key[8..12].copy_from_slice(&span.len.to_le_bytes());
+    }
 }
 
 /// The key table as it was when [`KeyTable::snapshot`] was called, keys by id.
@@ -106,7 +151,7 @@ impl KeyTable {
     #[inline]
     pub fn get(&self, encoded: &[u8]) -> Option<u32> {
         let hash = self.hasher.hash_one(encoded);
-        self.index.find(hash, |e| short_eq(bytes_of(&self.chunks, e.span), encoded)).map(|e| e.id)
+        self.index.find(hash, |e| short_eq(e.key(&self.chunks), encoded)).map(|e| e.id)
     }
 
     /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
@@ -124,7 +169,7 @@ impl KeyTable {
         self.set_span(id, span);
         let hash = self.hasher.hash_one(encoded);
         let (chunks, hasher) = (&self.chunks, &self.hasher);
-        self.index.insert_unique(hash, Interned { id, span }, |e| hasher.hash_one(bytes_of(chunks, e.span)));
+        self.index.insert_unique(hash, Interned::new(id, span, encoded), |e| hasher.hash_one(e.key(chunks)));
         id
     }
 
@@ -156,7 +201,7 @@ impl KeyTable {
     /// Room for `n` more keys.
     pub fn reserve(&mut self, n: usize) {
         let (chunks, hasher) = (&self.chunks, &self.hasher);
-        self.index.reserve(n, |e| hasher.hash_one(bytes_of(chunks, e.span)));
+        self.index.reserve(n, |e| hasher.hash_one(e.key(chunks)));
     }
 
     /// Forget a key; its id may be given to another key.
@@ -186,8 +231,8 @@ impl KeyTable {
                 if span.len == 0 { Span::default() } else { self.append(bytes_of(&old_chunks, span)) };
             self.set_span(id, moved);
         }
-        for e in self.index.iter_mut() {
-            e.span = span_of(&self.spans, e.id);
+        for e in self.index.iter_mut().filter(|e| !e.is_inline()) {
+            e.set_span(span_of(&self.spans, e.id));
         }
         self.holes = 0;
     }
@@ -1271,12 +1316,18 @@ mod tests {
     #[test]
     fn keys_survive_the_compaction_of_removed_ones_and_an_empty_key_is_a_key() {
         let mut t = KeyTable::default();
+        // Short keys, held in their index entry too, and long ones, found through their
+        // span (which the compaction moves).
         let key = |i: u32| {
             let mut k = Vec::new();
             push_key_field(&mut k, format!("producto-{i}").as_bytes());
-            push_key_field(&mut k, b"girona");
+            push_key_field(
+                &mut k,
+                if i % 3 == 0 { &b"mercat-central-de-la-boqueria"[..] } else { b"girona" },
+            );
             k
         };
+        assert!(key(1).len() <= INLINE && key(3).len() > INLINE);
         let ids: Vec<u32> = (0..20_000).map(|i| t.intern(&key(i))).collect();
         // Removing all but every tenth key leaves more holes than keys: the buffer is
         // compacted (more than once) on the way.

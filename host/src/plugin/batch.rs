@@ -357,7 +357,7 @@ impl Batch {
     #[inline]
     pub fn push_text(&mut self, col: usize, v: &str) {
         if let Staged::Text { bytes, ends } = &mut self.staged[col] {
-            bytes.extend_from_slice(v.as_bytes());
+            crate::state::append(bytes, v.as_bytes());
             ends.push(bytes.len() as u32);
         }
     }

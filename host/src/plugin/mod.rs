@@ -417,7 +417,7 @@ pub fn packed_item(p: &Packed, i: usize) -> &[u8] {
 /// Append an item to a packed buffer.
 #[inline]
 pub fn packed_push(p: &mut Packed, item: &[u8]) {
-    p.bytes.extend_from_slice(item);
+    crate::state::append(&mut p.bytes, item);
     p.ends.push(p.bytes.len() as u32);
 }
 

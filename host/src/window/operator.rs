@@ -1094,10 +1094,12 @@ impl WindowOperator {
                     (*k, *w, a.as_slice())
                 }),
             );
-            let emitted = match self.plugin.finish(&self.fire_groups) {
-                Ok(e) => e,
+            // Whether `fire_groups` still holds the call's groups (not the last window's of
+            // a call per window).
+            let (emitted, whole_call) = match self.plugin.finish(&self.fire_groups) {
+                Ok(e) => (e, true),
                 Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
-                    self.finish_one_by_one(chunk, &e)?
+                    (self.finish_one_by_one(chunk, &e)?, false)
                 }
                 Err(e) => return Err(e),
             };
@@ -1118,7 +1120,16 @@ impl WindowOperator {
                     }
                     Err(err) => return Err(err),
                 };
-                let key = self.result_key(w.start, *k);
+                // The key's fields as the call had them (read in call order, recently
+                // written) rather than from the key table (a cache miss per result).
+                let key = if whole_call {
+                    let (groups, arity) = (&self.fire_groups, self.fire_groups.key_arity as usize);
+                    let at = e.group as usize * arity;
+                    let fields = (at..at + arity).map(|i| packed_item(&groups.keys, i));
+                    self.result_key_of(w.start, fields.filter_map(|f| std::str::from_utf8(f).ok()))
+                } else {
+                    self.result_key(w.start, *k)
+                };
                 self.counters.emitted += 1;
                 out.push(Emitted { key, value: Some(value) });
             }
@@ -1130,13 +1141,18 @@ impl WindowOperator {
 
     /// The key a window's results are written under: `[<aggregation>|]<start>|<key fields>`.
     fn result_key(&self, start: i64, k: u32) -> String {
-        let mut key = String::with_capacity(self.name.len() + 24 + self.keys.encoded(k).len());
+        self.result_key_of(start, self.keys.fields(k))
+    }
+
+    /// [`Self::result_key`] of a key given by its fields.
+    fn result_key_of<'a>(&self, start: i64, fields: impl Iterator<Item = &'a str>) -> String {
+        let mut key = String::with_capacity(self.name.len() + 64);
         if self.prefixed {
             key.push_str(&self.name);
             key.push('|');
         }
         push_i64(&mut key, start);
-        for f in self.keys.fields(k) {
+        for f in fields {
             key.push('|');
             push_key_part(&mut key, f);
         }

@@ -512,14 +512,22 @@ fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
     }
     let digits = i;
     let mut v: u64 = 0;
-    // Eight digits at a time (a millisecond timestamp has 13), then one at a time.
-    while let Some(eight) = word_at(b, i).and_then(eight_digits) {
-        v = v.wrapping_mul(100_000_000).wrapping_add(eight);
-        i += 8;
-    }
-    while i < b.len() && b[i].is_ascii_digit() {
-        v = v.wrapping_mul(10).wrapping_add((b[i] - b'0') as u64);
-        i += 1;
+    match short_digit_run(b, i) {
+        Some((value, len)) => {
+            v = value;
+            i += len;
+        }
+        None => {
+            // Eight digits at a time (a millisecond timestamp has 13), then one at a time.
+            while let Some(eight) = word_at(b, i).and_then(eight_digits) {
+                v = v.wrapping_mul(100_000_000).wrapping_add(eight);
+                i += 8;
+            }
+            while i < b.len() && b[i].is_ascii_digit() {
+                v = v.wrapping_mul(10).wrapping_add((b[i] - b'0') as u64);
+                i += 1;
+            }
+        }
     }
     let n_digits = i - digits;
     if n_digits == 0 {
@@ -552,6 +560,57 @@ fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
         }
     }
     Ok((Scalar::Number(&b[start..i]), i))
+}
+
+/// The digits at `i` when fewer than 16 are followed by another byte within the 16 bytes
+/// at `i`: their value and how many they are (0: none). One 16-byte compare finds where
+/// they end, and at most two SWAR conversions give their value, without a branch per
+/// digit. None when `b` has not 16 bytes there or they are all digits.
+#[inline(always)]
+fn short_digit_run(b: &[u8], i: usize) -> Option<(u64, usize)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            _mm_add_epi8, _mm_cmpgt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+        };
+        let chunk = b.get(i..i.checked_add(16)?)?;
+        // SAFETY: SSE2 is part of x86-64; the load reads the 16 bytes of `chunk`. Adding
+        // 0x46 takes '0'..='9' to 118..=127 (as signed bytes) and every other byte below
+        // 118 (wrapping): the bytes below 118 are the ones that are not digits.
+        let others = unsafe {
+            let x = _mm_add_epi8(_mm_loadu_si128(chunk.as_ptr().cast()), _mm_set1_epi8(0x46));
+            _mm_movemask_epi8(_mm_cmpgt_epi8(_mm_set1_epi8(118), x)) as u32
+        };
+        let len = others.trailing_zeros() as usize;
+        let word = |at: usize| u64::from_le_bytes(chunk[at..at + 8].try_into().unwrap_or([b'0'; 8]));
+        match len {
+            0 => Some((0, 0)),
+            1..=8 => Some((digits_value(word(0), len), len)),
+            9..=15 => Some((digits_value(word(0), 8) * POW10[len - 8] + digits_value(word(8), len - 8), len)),
+            _ => None,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (b, i);
+        None
+    }
+}
+
+/// 10^n for n < 8.
+const POW10: [u64; 8] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
+
+/// The value of the first `n` bytes (1 to 8) of `x` (a little-endian word), known to be
+/// ASCII digits, the first the most significant (SWAR).
+#[inline(always)]
+fn digits_value(x: u64, n: usize) -> u64 {
+    debug_assert!((1..=8).contains(&n));
+    let mask = if n == 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
+    // The digits' values, moved up so that the bytes below them are leading zeros.
+    let d = ((x & mask) - (0x3030_3030_3030_3030 & mask)) << (8 * (8 - n));
+    let d = (d.wrapping_mul(10) + (d >> 8)) & 0x00FF_00FF_00FF_00FF;
+    let d = (d.wrapping_mul(100) + (d >> 16)) & 0x0000_FFFF_0000_FFFF;
+    (d.wrapping_mul(10_000) + (d >> 32)) & 0xFFFF_FFFF
 }
 
 /// The value of eight ASCII digits (a little-endian word, SWAR), or None when one of the
@@ -861,7 +920,21 @@ mod tests {
         let mut p = Projection::new(&["n"]);
         let mut rng = crate::generate::Rng::new(9);
         for len in 1..=21 {
-            for after in [", \"x\": 1}", "}", " }", ".5}", "e3}", "E+1}", "x}", ":1}", "1"] {
+            // Short tails, and long ones that put 16 bytes after every number's start.
+            for after in [
+                ", \"x\": 1}",
+                "}",
+                " }",
+                ".5}",
+                "e3}",
+                "E+1}",
+                "x}",
+                ":1}",
+                "1",
+                ", \"padding\": \"0123456789abcdef\"}",
+                ".25e-3, \"padding\": \"0123456789abcdef\"}",
+                "\u{e9}\u{7f}/0123456789abcdef\"}",
+            ] {
                 for sign in ["", "-"] {
                     let mut digits: String =
                         (0..len).map(|_| char::from(b'0' + rng.below(10) as u8)).collect();

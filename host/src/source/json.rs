@@ -125,6 +125,141 @@ struct Shape {
     /// ended `\r\r\n`: a `\r\n` line would match with its `\r` kept, which the line
     /// search drops).
     unframed: bool,
+    /// The separators of `fields` ready for [`scan_separated`], when each has at most
+    /// [`SEP_BYTES`] bytes (else empty).
+    seps: Vec<Sep>,
+}
+
+/// Bytes of a separator [`scan_separated`] compares at once.
+const SEP_BYTES: usize = 32;
+
+/// A separator of a [`Shape`], compared in one go: its bytes (zeros past its length), a
+/// mask of its length, and the slot of the value after it ([`NO_SLOT`]: none).
+#[derive(Clone, Copy)]
+struct Sep {
+    bytes: [u8; SEP_BYTES],
+    len: u32,
+    care: u32,
+    slot: u32,
+}
+
+const NO_SLOT: u32 = u32::MAX;
+
+impl Shape {
+    /// Fill `seps` from `bytes` and `fields`.
+    fn compile(&mut self) {
+        self.seps.clear();
+        let mut from = 0usize;
+        for &(to, slot) in &self.fields {
+            let sep = &self.bytes[from..to as usize];
+            if sep.len() > SEP_BYTES {
+                self.seps.clear();
+                return;
+            }
+            let mut bytes = [0u8; SEP_BYTES];
+            bytes[..sep.len()].copy_from_slice(sep);
+            let care = if sep.len() == SEP_BYTES { u32::MAX } else { (1u32 << sep.len()) - 1 };
+            self.seps.push(Sep { bytes, len: sep.len() as u32, care, slot: slot.unwrap_or(NO_SLOT) });
+            from = to as usize;
+        }
+    }
+}
+
+/// What [`scan_separated`] makes of a record.
+enum Separated {
+    /// The record, this long, has the layout; `out` is filled.
+    Taken(usize),
+    /// Not a record the layout takes framed (what [`scan_shaped`] returns None for).
+    Refused,
+    /// Not decided here (a record too near the end of the input read, an escape in a
+    /// string): [`scan_shaped`] decides.
+    Undecided,
+}
+
+/// [`scan_shaped`]`::<true>` with the separators compared 32 bytes at a time and the kind
+/// of each value told by its first byte: the same outcome, in fewer instructions, for
+/// records whose every separator and string value lies 32 bytes before the input's end
+/// and whose strings have no escape.
+#[inline]
+fn scan_separated<'a>(shape: &Shape, b: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Separated {
+    if shape.unframed {
+        return Separated::Refused;
+    }
+    if shape.seps.len() != shape.fields.len() {
+        return Separated::Undecided;
+    }
+    let mut i = 0usize;
+    for sep in &shape.seps {
+        let Some(at) = b.get(i..i + SEP_BYTES) else { return Separated::Undecided };
+        if !sep_matches(at, sep) {
+            return Separated::Refused;
+        }
+        i += sep.len as usize;
+        let Some(&first) = b.get(i) else { return Separated::Undecided };
+        let (v, next) = match first {
+            b'"' => {
+                let end = find_stop::<true>(b, i + 1);
+                match b.get(end) {
+                    Some(b'"') => (Scalar::Str { raw: &b[i + 1..end], escaped: false }, end + 1),
+                    Some(b'\\') => return Separated::Undecided,
+                    // A line break in the string, or the input's end: as `scan_shaped`.
+                    _ => return Separated::Refused,
+                }
+            }
+            b'-' | b'0'..=b'9' => match number(b, i) {
+                Ok(v) => v,
+                Err(_) => return Separated::Refused,
+            },
+            // More whitespace than the layout had, a nested value: another way.
+            b' ' | b'\t' | b'\n' | b'\r' | b'{' | b'[' => return Separated::Refused,
+            _ => match scalar::<true>(b, i) {
+                Ok(v) => v,
+                Err(_) => return Separated::Refused,
+            },
+        };
+        if let Some(slot) = out.get_mut(sep.slot as usize) {
+            *slot = Some(v);
+        }
+        i = next;
+    }
+    let from = shape.fields.last().map_or(0, |&(to, _)| to as usize);
+    let tail = &shape.bytes[from..];
+    let end = i + tail.len();
+    let line_break = match b.get(end) {
+        Some(b'\n') => true,
+        Some(b'\r') => b.get(end + 1) == Some(&b'\n'),
+        _ => false,
+    };
+    match line_break && b.get(i..end).is_some_and(|at| short_eq(at, tail)) {
+        true => Separated::Taken(end),
+        false => Separated::Refused,
+    }
+}
+
+/// Whether `at` (32 bytes) starts with separator `sep`.
+#[inline(always)]
+fn sep_matches(at: &[u8], sep: &Sep) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8};
+        if at.len() < SEP_BYTES {
+            return false;
+        }
+        // SAFETY: SSE2 is part of x86-64; the loads read the 32 bytes of `at` (checked
+        // above) and of `sep.bytes`.
+        let equal = unsafe {
+            let (a, s) = (at.as_ptr().cast::<__m128i>(), sep.bytes.as_ptr().cast::<__m128i>());
+            let lo = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(a), _mm_loadu_si128(s))) as u32;
+            let hi = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(a.add(1)), _mm_loadu_si128(s.add(1))))
+                as u32;
+            lo | hi << 16
+        };
+        equal & sep.care == sep.care
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        short_eq(&at[..sep.len as usize], &sep.bytes[..sep.len as usize])
+    }
 }
 
 /// Most fields and separator bytes a [`Shape`] keeps (larger records are scanned in full).
@@ -251,7 +386,16 @@ impl Projection {
         for k in 0..n {
             let s = (self.last + k) % n;
             out.iter_mut().for_each(|s| *s = None);
-            if let Some(Ok(len)) = scan_shaped::<true>(&self.shapes[s], ahead, out) {
+            let shape = &self.shapes[s];
+            let taken = match scan_separated(shape, ahead, out) {
+                Separated::Taken(len) => Some(len),
+                Separated::Refused => None,
+                Separated::Undecided => {
+                    out.iter_mut().for_each(|s| *s = None);
+                    scan_shaped::<true>(shape, ahead, out).and_then(Result::ok)
+                }
+            };
+            if let Some(len) = taken {
                 self.last = s;
                 self.framed_misses = 0;
                 return Some(len);
@@ -363,6 +507,7 @@ impl Projection {
     fn keep_layout(&mut self) {
         let bytes = &self.learning.bytes;
         self.learning.unframed = bytes.contains(&b'\n') || bytes.last() == Some(&b'\r');
+        self.learning.compile();
         if self.shapes.len() < SHAPES {
             self.shapes.push(std::mem::take(&mut self.learning));
             self.last = self.shapes.len() - 1;
@@ -1253,6 +1398,14 @@ mod tests {
                 21 => format!("{{\"tipo\": \"st\\\nock\", \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
                 22 => format!("{{\"tipo\": \"stock\", \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}, \"nota\": \"a\nb\"}}\n"),
                 7 => format!("{{\"tipo\": \"stock\", \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}}} \n"),
+                // Literals, and a separator longer than the 32 bytes compared at once.
+                8 => format!("{{\"tipo\": \"stock\", \"activo\": true, \"producto\": \"{producto}\", \"nota\": null, \"stock_actual\": {stock}, \"fecha_ms\": {t}, \"b\": false}}\n"),
+                9 => format!("{{\"tipo\": \"stock\", \"un_nombre_de_campo_muy_largo_que_no_cabe\": 1, \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
+                10 => format!("{{\"tipo\": \"stock\", \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}, \"x\": tru}}\n"),
+                // An invalid escape, where stopping at the backslash would read on.
+                11 => format!("{{\"tipo\": \"stock\", \"producto\": \"a\\, \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
+                // A separator that differs from the usual one past its 16th byte.
+                12 => format!("{{\"tipo\": \"stock\", \"producto\": \"{producto}\", \"stock_actual\":{stock}, \"fecha_ms\": {t}}}\n"),
                 _ => format!("{{\"tipo\": \"stock\", \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
             };
             input.push_str(&record);

@@ -808,6 +808,10 @@ pub struct WindowState {
     /// Pending timers by time: many windows end at the same time, so a timer costs a
     /// push (no ordered set of every timer). The same timer may be pending twice.
     timers: BTreeMap<i64, Due>,
+    /// The lists of the last time whose timers all went, for the next new time: a time
+    /// mostly has about as many timers as the one before (a period's windows), and they
+    /// are then pushed without growing a list from nothing (copying it each time).
+    spare_due: Option<Due>,
     /// Open slots per key id (dense ids), to tell keys in use from idle ones.
     per_key: Vec<u32>,
     /// Keys with at least one open slot.
@@ -1042,7 +1046,8 @@ impl WindowState {
     /// Set a timer (a timer set twice comes due twice).
     #[inline]
     pub fn add_timer(&mut self, t: Timer) {
-        let due = self.timers.entry(t.time).or_default();
+        let spare = &mut self.spare_due;
+        let due = self.timers.entry(t.time).or_insert_with(|| spare.take().unwrap_or_default());
         match t.kind {
             TimerKind::Fire => due.fire.push((t.key, t.id)),
             TimerKind::Cleanup => due.cleanup.push((t.key, t.id)),
@@ -1071,7 +1076,7 @@ impl WindowState {
             }
         };
         if due.fire.is_empty() && due.cleanup.is_empty() {
-            first.remove();
+            self.spare_due = Some(first.remove());
         }
         Some(t)
     }

@@ -1486,23 +1486,34 @@ fn place_by_rank(
 
 /// Append `v` in decimal (what `to_string` gives), without a temporary string.
 fn push_i64(out: &mut String, v: i64) {
-    let mut digits = [0u8; 20];
+    // Two digits a step; the digits go in with one copy.
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut digits = [0u8; 21];
     let mut n = v.unsigned_abs();
     let mut at = digits.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        at -= 2;
+        digits[at..at + 2].copy_from_slice(&PAIRS[n as usize * 2..n as usize * 2 + 2]);
+    } else {
         at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        digits[at] = b'0' + n as u8;
     }
     if v < 0 {
-        out.push('-');
+        at -= 1;
+        digits[at] = b'-';
     }
-    for &d in &digits[at..] {
-        out.push(d as char);
-    }
+    // ASCII digits and a sign: always UTF-8.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 #[cfg(test)]
@@ -1534,7 +1545,22 @@ mod tests {
 
     #[test]
     fn window_starts_are_written_as_to_string_writes_them() {
-        for v in [0, 7, -7, 10, 1757844000000, -1757844000000, i64::MAX, i64::MIN, i64::MIN + 1] {
+        let mut values = vec![
+            0,
+            7,
+            -7,
+            10,
+            99,
+            100,
+            -100,
+            1757844000000,
+            -1757844000000,
+            i64::MAX,
+            i64::MIN,
+            i64::MIN + 1,
+        ];
+        values.extend((0..19).flat_map(|e| [10i64.pow(e) - 1, 10i64.pow(e), -(10i64.pow(e) + 1)]));
+        for v in values {
             let mut s = String::from("x");
             push_i64(&mut s, v);
             assert_eq!(s, format!("x{v}"));

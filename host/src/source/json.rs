@@ -206,6 +206,14 @@ fn scan_separated<'a>(shape: &Shape, b: &'a [u8], out: &mut [Option<Scalar<'a>>]
                     _ => return Separated::Refused,
                 }
             }
+            // A number no slot takes: checked, its value not computed.
+            b'-' | b'0'..=b'9' if sep.slot == NO_SLOT => match number_span(b, i) {
+                Ok(span) => {
+                    i = span.end;
+                    continue;
+                }
+                Err(_) => return Separated::Refused,
+            },
             b'-' | b'0'..=b'9' => match number(b, i) {
                 Ok(v) => v,
                 Err(_) => return Separated::Refused,
@@ -650,69 +658,98 @@ fn escape(b: &[u8], i: usize) -> Result<usize, DecodeError> {
 /// A number at `i`: an `Int` when it is a plain integer that fits i64.
 #[inline(always)]
 fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
+    let span = number_span(b, start)?;
+    let (n_digits, end) = (span.int_end - span.digits, span.end);
+    let integer = span.int_end == end;
+    // Up to 18 digits cannot overflow; longer integers take the exact path.
+    if integer && n_digits <= 18 {
+        let v = int_value(b, span.digits, n_digits) as i64;
+        return Ok((Scalar::Int(if span.digits > start { -v } else { v }), end));
+    }
+    if integer {
+        if let Ok(v) = std::str::from_utf8(&b[start..end]).unwrap_or("x").parse::<i64>() {
+            return Ok((Scalar::Int(v), end));
+        }
+    }
+    Ok((Scalar::Number(&b[start..end]), end))
+}
+
+/// Where the parts of a number lie: its integer digits (`digits..int_end`, after a
+/// minus sign) and its end.
+struct NumberSpan {
+    digits: usize,
+    int_end: usize,
+    end: usize,
+}
+
+/// The number at `start`, checked as JSON number syntax, without its value (what a field
+/// not projected needs).
+#[inline(always)]
+fn number_span(b: &[u8], start: usize) -> Result<NumberSpan, DecodeError> {
     let mut i = start;
-    let neg = b.get(i) == Some(&b'-');
-    if neg {
+    if b.get(i) == Some(&b'-') {
         i += 1;
     }
     let digits = i;
-    let mut v: u64 = 0;
-    match short_digit_run(b, i) {
-        Some((value, len)) => {
-            v = value;
-            i += len;
-        }
+    i = match short_digit_run(b, i) {
+        Some(len) => i + len,
         None => {
-            // Eight digits at a time (a millisecond timestamp has 13), then one at a time.
-            while let Some(eight) = word_at(b, i).and_then(eight_digits) {
-                v = v.wrapping_mul(100_000_000).wrapping_add(eight);
-                i += 8;
-            }
             while i < b.len() && b[i].is_ascii_digit() {
-                v = v.wrapping_mul(10).wrapping_add((b[i] - b'0') as u64);
                 i += 1;
             }
+            i
         }
-    }
-    let n_digits = i - digits;
+    };
+    let int_end = i;
+    let n_digits = int_end - digits;
     if n_digits == 0 {
         return Err(fail(b, i, "invalid number"));
     }
     if n_digits > 1 && b[digits] == b'0' {
         return Err(fail(b, digits, "leading zero in number"));
     }
-    let mut integer = true;
     if b.get(i) == Some(&b'.') {
-        integer = false;
         i = digits_after(b, i + 1)?;
     }
     if let Some(b'e' | b'E') = b.get(i) {
-        integer = false;
         i += 1;
         if let Some(b'+' | b'-') = b.get(i) {
             i += 1;
         }
         i = digits_after(b, i)?;
     }
-    // Up to 18 digits cannot overflow; longer integers take the exact path.
-    if integer && n_digits <= 18 {
-        let v = v as i64;
-        return Ok((Scalar::Int(if neg { -v } else { v }), i));
-    }
-    if integer {
-        if let Ok(v) = std::str::from_utf8(&b[start..i]).unwrap_or("x").parse::<i64>() {
-            return Ok((Scalar::Int(v), i));
-        }
-    }
-    Ok((Scalar::Number(&b[start..i]), i))
+    Ok(NumberSpan { digits, int_end, end: i })
 }
 
-/// The digits at `i` when fewer than 16 are followed by another byte within the 16 bytes
-/// at `i`: their value and how many they are (0: none). One 16-byte compare finds where
-/// they end, and at most two SWAR conversions give their value, without a branch per
-/// digit. None when `b` has not 16 bytes there or they are all digits.
+/// The value of the `n` (1 to 18) digits at `at`: by at most two SWAR conversions when
+/// there are 16 bytes there and the digits are fewer, else eight and then one at a time.
 #[inline(always)]
-fn short_digit_run(b: &[u8], i: usize) -> Option<(u64, usize)> {
+fn int_value(b: &[u8], at: usize, n: usize) -> u64 {
+    let word = |i: usize| word_at(b, i).unwrap_or(0x3030_3030_3030_3030);
+    match n {
+        1..=8 if b.len() >= at + 16 => digits_value(word(at), n),
+        9..=15 if b.len() >= at + 16 => {
+            digits_value(word(at), 8) * POW10[n - 8] + digits_value(word(at + 8), n - 8)
+        }
+        _ => {
+            let (mut v, mut i) = (0u64, at);
+            while let Some(eight) = word_at(b, i).filter(|_| i + 8 <= at + n).and_then(eight_digits) {
+                v = v.wrapping_mul(100_000_000).wrapping_add(eight);
+                i += 8;
+            }
+            for &c in &b[i..at + n] {
+                v = v.wrapping_mul(10).wrapping_add((c - b'0') as u64);
+            }
+            v
+        }
+    }
+}
+
+/// How many digits are at `i` when fewer than 16 are followed by another byte within the
+/// 16 bytes at `i` (0: none): one 16-byte compare, without a branch per digit. None when
+/// `b` has not 16 bytes there or they are all digits.
+#[inline(always)]
+fn short_digit_run(b: &[u8], i: usize) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{
@@ -727,13 +764,7 @@ fn short_digit_run(b: &[u8], i: usize) -> Option<(u64, usize)> {
             _mm_movemask_epi8(_mm_cmpgt_epi8(_mm_set1_epi8(118), x)) as u32
         };
         let len = others.trailing_zeros() as usize;
-        let word = |at: usize| u64::from_le_bytes(chunk[at..at + 8].try_into().unwrap_or([b'0'; 8]));
-        match len {
-            0 => Some((0, 0)),
-            1..=8 => Some((digits_value(word(0), len), len)),
-            9..=15 => Some((digits_value(word(0), 8) * POW10[len - 8] + digits_value(word(8), len - 8), len)),
-            _ => None,
-        }
+        (len < 16).then_some(len)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -889,7 +920,7 @@ fn skip_value(b: &[u8], mut i: usize, depth: usize) -> Result<usize, DecodeError
     }
     match b.get(i) {
         Some(b'"') => string::<false>(b, i + 1).map(|(_, _, next)| next),
-        Some(b'-' | b'0'..=b'9') => number(b, i).map(|(_, next)| next),
+        Some(b'-' | b'0'..=b'9') => number_span(b, i).map(|span| span.end),
         Some(b'{') => {
             i = ws(b, i + 1);
             if b.get(i) == Some(&b'}') {
@@ -1404,6 +1435,10 @@ mod tests {
                 10 => format!("{{\"tipo\": \"stock\", \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}, \"x\": tru}}\n"),
                 // An invalid escape, where stopping at the backslash would read on.
                 11 => format!("{{\"tipo\": \"stock\", \"producto\": \"a\\, \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
+                // Numbers no slot takes that are not JSON numbers.
+                13 => format!("{{\"tipo\": \"stock\", \"delta\": 0{stock}, \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
+                14 => format!("{{\"tipo\": \"stock\", \"delta\": {stock}.e1, \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
+                15 => format!("{{\"tipo\": \"stock\", \"delta\": -{t}.5e-3, \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
                 // A separator that differs from the usual one past its 16th byte.
                 12 => format!("{{\"tipo\": \"stock\", \"producto\": \"{producto}\", \"stock_actual\":{stock}, \"fecha_ms\": {t}}}\n"),
                 _ => format!("{{\"tipo\": \"stock\", \"producto\": \"{producto}\", \"stock_actual\": {stock}, \"fecha_ms\": {t}}}\n"),
@@ -1448,10 +1483,10 @@ mod tests {
         for (got, want) in seen.iter().zip(&expected) {
             assert_eq!(got, want, "at byte {}: {:?}", want.0, String::from_utf8_lossy(want.1));
         }
-        // Many records went the framed way (the odd ones, of eight layouts in all, evict
-        // the common layout from the four kept now and then); the broken ones never did,
-        // or a record would differ.
-        assert!(framed > 1000, "{framed} framed");
+        // Many records went the framed way (the odd ones, of 17 layouts in all, evict the
+        // common layout from the four kept now and then); the broken ones never did, or a
+        // record would differ.
+        assert!(framed > 800, "{framed} framed");
     }
 
     #[test]

@@ -40,7 +40,8 @@ fn span_of(spans: &[Arc<[Span]>], id: u32) -> Span {
 
 /// Dense ids for key tuples. A key is stored encoded: each field as a little-endian u32
 /// length followed by its UTF-8 bytes. Keys lie one after another in fixed-size chunks,
-/// so a key costs no allocation of its own; the index holds ids, hashed by their key.
+/// so a key costs no allocation of its own; the index holds ids, hashed by their key (and
+/// short keys themselves, see [`Interned`]).
 ///
 /// Chunks (of bytes and of spans) are shared copy-on-write: a snapshot
 /// ([`KeyTable::snapshot`]) takes the table in O(chunks), without copying a key, and the
@@ -151,7 +152,9 @@ impl KeyTable {
     #[inline]
     pub fn get(&self, encoded: &[u8]) -> Option<u32> {
         let hash = self.hasher.hash_one(encoded);
-        self.index.find(hash, |e| short_eq(e.key(&self.chunks), encoded)).map(|e| e.id)
+        self.index
+            .find(hash, |e| e.len as usize == encoded.len() && short_eq(e.key(&self.chunks), encoded))
+            .map(|e| e.id)
     }
 
     /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).

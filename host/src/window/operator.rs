@@ -1095,9 +1095,10 @@ impl WindowOperator {
                 }),
             );
             // Whether `fire_groups` still holds the call's groups (not the last window's of
-            // a call per window).
+            // a call per window), each key with the pipeline's number of fields.
+            let arity = self.fire_groups.key_arity as usize;
             let (emitted, whole_call) = match self.plugin.finish(&self.fire_groups) {
-                Ok(e) => (e, true),
+                Ok(e) => (e, self.fire_groups.keys.ends.len() == chunk.len() * arity),
                 Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
                     (self.finish_one_by_one(chunk, &e)?, false)
                 }
@@ -1123,10 +1124,10 @@ impl WindowOperator {
                 // The key's fields as the call had them (read in call order, recently
                 // written) rather than from the key table (a cache miss per result).
                 let key = if whole_call {
-                    let (groups, arity) = (&self.fire_groups, self.fire_groups.key_arity as usize);
+                    let groups = &self.fire_groups;
                     let at = e.group as usize * arity;
                     let fields = (at..at + arity).map(|i| packed_item(&groups.keys, i));
-                    self.result_key_of(w.start, fields.filter_map(|f| std::str::from_utf8(f).ok()))
+                    self.result_key_of(w.start, fields.map_while(|f| std::str::from_utf8(f).ok()))
                 } else {
                     self.result_key(w.start, *k)
                 };

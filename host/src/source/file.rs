@@ -134,7 +134,8 @@ impl FileSource {
         let n = self.parts.len();
         for _ in 0..n {
             let p = self.next;
-            self.next = (self.next + 1) % n;
+            // Round robin over the files (no division: one a record).
+            self.next = if p + 1 == n { 0 } else { p + 1 };
             if self.parts[p].done {
                 continue;
             }

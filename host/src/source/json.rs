@@ -390,9 +390,7 @@ impl Projection {
     /// [`Self::frames`] first.
     pub fn scan_framed<'a>(&mut self, ahead: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Option<usize> {
         debug_assert_eq!(out.len(), self.names.len());
-        let n = self.shapes.len();
-        for k in 0..n {
-            let s = (self.last + k) % n;
+        for s in self.shape_order() {
             out.iter_mut().for_each(|s| *s = None);
             let shape = &self.shapes[s];
             let taken = match scan_separated(shape, ahead, out) {
@@ -417,6 +415,14 @@ impl Projection {
         None
     }
 
+    /// The kept layouts in the order a record is tried against them: the last one
+    /// matched first, then the others (without a division: this is once a record).
+    #[inline]
+    fn shape_order(&self) -> impl Iterator<Item = usize> {
+        let (last, n) = (self.last, self.shapes.len());
+        (last..n).chain(0..last.min(n))
+    }
+
     /// Whether [`Self::scan_framed`] tries the next record (false for a while after many
     /// it could not take; each call counts one record of that while).
     #[inline]
@@ -435,9 +441,7 @@ impl Projection {
     pub fn scan<'a>(&mut self, b: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Result<(), DecodeError> {
         debug_assert_eq!(out.len(), self.names.len());
         out.iter_mut().for_each(|s| *s = None);
-        let n = self.shapes.len();
-        for k in 0..n {
-            let s = (self.last + k) % n;
+        for s in self.shape_order() {
             match scan_shaped::<false>(&self.shapes[s], b, out) {
                 Some(done) => {
                     self.last = s;

@@ -128,6 +128,9 @@ struct Shape {
     /// The separators of `fields` ready for [`scan_separated`], when each has at most
     /// [`SEP_BYTES`] bytes (else empty).
     seps: Vec<Sep>,
+    /// Whether the layout has a value for every slot (the scan then writes all of them,
+    /// and they need no clearing first).
+    fills: bool,
 }
 
 /// Bytes of a separator [`scan_separated`] compares at once.
@@ -146,8 +149,9 @@ struct Sep {
 const NO_SLOT: u32 = u32::MAX;
 
 impl Shape {
-    /// Fill `seps` from `bytes` and `fields`.
-    fn compile(&mut self) {
+    /// Fill `seps` from `bytes` and `fields`, and `fills` for a projection of `slots`.
+    fn compile(&mut self, slots: usize) {
+        self.fills = (0..slots as u32).all(|s| self.fields.iter().any(|&(_, slot)| slot == Some(s)));
         self.seps.clear();
         let mut from = 0usize;
         for &(to, slot) in &self.fields {
@@ -261,14 +265,17 @@ fn sep_matches(at: &[u8], sep: &Sep) -> bool {
         }
         // SAFETY: SSE2 is part of x86-64; the loads read the 32 bytes of `at` (checked
         // above) and of `sep.bytes`.
-        let equal = unsafe {
-            let (a, s) = (at.as_ptr().cast::<__m128i>(), sep.bytes.as_ptr().cast::<__m128i>());
-            let lo = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(a), _mm_loadu_si128(s))) as u32;
-            let hi = _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(a.add(1)), _mm_loadu_si128(s.add(1))))
-                as u32;
-            lo | hi << 16
+        let (a, s) = (at.as_ptr().cast::<__m128i>(), sep.bytes.as_ptr().cast::<__m128i>());
+        let lo = unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(a), _mm_loadu_si128(s))) as u32 };
+        // Most separators (`, "name": `) fit the first 16 bytes.
+        if sep.len <= 16 {
+            return lo & sep.care == sep.care;
+        }
+        // SAFETY: as above, the second 16 bytes.
+        let hi = unsafe {
+            _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(a.add(1)), _mm_loadu_si128(s.add(1)))) as u32
         };
-        equal & sep.care == sep.care
+        (lo | hi << 16) & sep.care == sep.care
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -391,8 +398,10 @@ impl Projection {
     pub fn scan_framed<'a>(&mut self, ahead: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Option<usize> {
         debug_assert_eq!(out.len(), self.names.len());
         for s in self.shape_order() {
-            out.iter_mut().for_each(|s| *s = None);
             let shape = &self.shapes[s];
+            if !shape.fills {
+                out.iter_mut().for_each(|s| *s = None);
+            }
             let taken = match scan_separated(shape, ahead, out) {
                 Separated::Taken(len) => Some(len),
                 Separated::Refused => None,
@@ -519,7 +528,7 @@ impl Projection {
     fn keep_layout(&mut self) {
         let bytes = &self.learning.bytes;
         self.learning.unframed = bytes.contains(&b'\n') || bytes.last() == Some(&b'\r');
-        self.learning.compile();
+        self.learning.compile(self.names.len());
         if self.shapes.len() < SHAPES {
             self.shapes.push(std::mem::take(&mut self.learning));
             self.last = self.shapes.len() - 1;

@@ -263,15 +263,15 @@ fn sep_matches(at: &[u8], sep: &Sep) -> bool {
         if at.len() < SEP_BYTES {
             return false;
         }
-        // SAFETY: SSE2 is part of x86-64; the loads read the 32 bytes of `at` (checked
-        // above) and of `sep.bytes`.
         let (a, s) = (at.as_ptr().cast::<__m128i>(), sep.bytes.as_ptr().cast::<__m128i>());
+        // SAFETY: SSE2 is part of x86-64; the loads read the first 16 of the 32 bytes of
+        // `at` (checked above) and of `sep.bytes`.
         let lo = unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(a), _mm_loadu_si128(s))) as u32 };
         // Most separators (`, "name": `) fit the first 16 bytes.
         if sep.len <= 16 {
             return lo & sep.care == sep.care;
         }
-        // SAFETY: as above, the second 16 bytes.
+        // SAFETY: as above, their second 16 bytes.
         let hi = unsafe {
             _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(a.add(1)), _mm_loadu_si128(s.add(1)))) as u32
         };

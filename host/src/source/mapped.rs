@@ -28,8 +28,10 @@ const REGIONS: usize = 64;
 
 /// Bytes of the mapping a reader gives back (drops from its resident set) at a time,
 /// once it has read past them; and maps ahead of where it reads, in one system call
-/// rather than a page fault every few pages.
-const RELEASE: usize = 4 << 20;
+/// rather than a page fault every few pages. 16 MiB rather than 4: +0.7% on 10 000 keys
+/// (a quarter of the calls, and of the TLB flushes a release sends the other threads),
+/// for up to 24 MiB more of the file's (clean, shared) pages in the resident set.
+const RELEASE: usize = 16 << 20;
 
 /// `madvise` advice: map the range's pages now (Linux 5.14); older kernels refuse it and
 /// the pages fault in as they are read. Not in the `libc` crate's list yet.

@@ -1487,34 +1487,7 @@ fn place_by_rank(
 
 /// Append `v` in decimal (what `to_string` gives), without a temporary string.
 fn push_i64(out: &mut String, v: i64) {
-    // Two digits a step; the digits go in with one copy.
-    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-        2021222324252627282930313233343536373839\
-        4041424344454647484950515253545556575859\
-        6061626364656667686970717273747576777879\
-        8081828384858687888990919293949596979899";
-    let mut digits = [0u8; 21];
-    let mut n = v.unsigned_abs();
-    let mut at = digits.len();
-    while n >= 100 {
-        let pair = (n % 100) as usize * 2;
-        n /= 100;
-        at -= 2;
-        digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    }
-    if n >= 10 {
-        at -= 2;
-        digits[at..at + 2].copy_from_slice(&PAIRS[n as usize * 2..n as usize * 2 + 2]);
-    } else {
-        at -= 1;
-        digits[at] = b'0' + n as u8;
-    }
-    if v < 0 {
-        at -= 1;
-        digits[at] = b'-';
-    }
-    // ASCII digits and a sign: always UTF-8.
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+    out.push_str(itoa::Buffer::new().format(v));
 }
 
 #[cfg(test)]

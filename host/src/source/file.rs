@@ -32,6 +32,9 @@ pub struct FileSource {
     next: usize,
     /// Partitions whose input has ended and that were not reported yet.
     ended: Vec<u32>,
+    /// Records handed out, over all partitions (the sum of theirs, kept: it is asked
+    /// after every record).
+    records: u64,
 }
 
 /// What a record's input is offered to: its length when it takes the record there.
@@ -79,12 +82,14 @@ impl FileSource {
             parts.push(LineReader::open(p, i as u32, follow, map, at)?);
         }
         let next = resume.map_or(0, |r| r.next as usize % parts.len().max(1));
-        Ok(FileSource { parts, next, ended: Vec::new() })
+        let records = parts.iter().map(|p| p.records).sum();
+        Ok(FileSource { parts, next, ended: Vec::new(), records })
     }
 
     /// Records handed out so far, over all partitions (including before a resume).
+    #[inline]
     pub fn records(&self) -> u64 {
-        self.parts.iter().map(|p| p.records).sum()
+        self.records
     }
 
     pub fn partitions(&self) -> usize {
@@ -141,10 +146,12 @@ impl FileSource {
             }
             if let Some(take) = take.take() {
                 if self.parts[p].take_framed(take)? {
+                    self.records += 1;
                     return Ok(Framed::Taken);
                 }
             }
             if self.parts[p].advance()? {
+                self.records += 1;
                 let part = &self.parts[p];
                 return Ok(Framed::Record(&part.bytes()[part.rec.0..part.rec.1], part.rec_pos));
             }

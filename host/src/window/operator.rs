@@ -331,55 +331,26 @@ impl WindowOperator {
     }
 
     /// Check the plugin's columns in a projected record; the reason names the field.
+    /// An integer column's value is checked inline, others out of line.
     #[inline]
     pub fn check(&self, slots: &[Option<Scalar>], names: &[String]) -> Result<(), String> {
         for &(slot, ty) in &self.columns {
-            let Some(v) = &slots[slot] else { return Err(format!("missing field `{}`", names[slot])) };
-            let ok = match (ty, v) {
-                (FieldType::Int, Scalar::Int(_)) => true,
-                (FieldType::Float, Scalar::Int(_)) => true,
-                // The scanner yields only JSON number syntax, which always parses as an
-                // f64 (out of range: infinite); it is parsed once, when staged.
-                (FieldType::Float, Scalar::Number(_)) => true,
-                (FieldType::Boolean, Scalar::Bool(_)) => true,
-                (FieldType::Text, s @ Scalar::Str { .. }) => match s.as_str() {
-                    Some(Ok(_)) => true,
-                    Some(Err(e)) => return Err(format!("field `{}`: {}", names[slot], e.message)),
-                    None => false,
-                },
-                _ => false,
-            };
-            if !ok {
-                let want = match ty {
-                    FieldType::Int => "an integer",
-                    FieldType::Float => "a number",
-                    FieldType::Text => "a string",
-                    FieldType::Boolean => "a boolean",
-                };
-                return Err(format!("field `{}`: expected {want}, got {}", names[slot], v.kind()));
+            if !matches!((ty, &slots[slot]), (FieldType::Int, Some(Scalar::Int(_)))) {
+                check_column(slot, ty, &slots[slot], names)?;
             }
         }
         Ok(())
     }
 
+    /// Stage a checked record's plugin columns: integers inline (the reference plugins'
+    /// columns), the other types out of line (the parse of a float, the check of a text,
+    /// kept out of the loop around every record).
     #[inline]
     fn stage_columns(&mut self, slots: &[Option<Scalar>]) {
         for (col, &(slot, ty)) in self.columns.iter().enumerate() {
             match (ty, slots[slot]) {
                 (FieldType::Int, Some(Scalar::Int(v))) => self.batch.push_int(col, v),
-                (FieldType::Float, Some(Scalar::Int(v))) => self.batch.push_float(col, v as f64),
-                (FieldType::Float, Some(Scalar::Number(raw))) => {
-                    self.batch.push_float(col, crate::source::json::number_f64(raw).unwrap_or(f64::NAN))
-                }
-                (FieldType::Boolean, Some(Scalar::Bool(b))) => self.batch.push_bool(col, b),
-                (FieldType::Text, Some(s)) => {
-                    let text = match s.as_str() {
-                        Some(Ok(t)) => t,
-                        _ => Cow::Borrowed(""),
-                    };
-                    self.batch.push_text(col, &text)
-                }
-                _ => unreachable!("columns are checked before staging"),
+                (ty, value) => stage_value(&mut self.batch, col, ty, value),
             }
         }
     }
@@ -1488,6 +1459,57 @@ fn place_by_rank(
 /// Append `v` in decimal (what `to_string` gives), without a temporary string.
 fn push_i64(out: &mut String, v: i64) {
     out.push_str(itoa::Buffer::new().format(v));
+}
+
+/// [`WindowOperator::stage_columns`] for a value that is not an integer column's.
+#[inline(never)]
+fn stage_value(batch: &mut Batch, col: usize, ty: FieldType, value: Option<Scalar>) {
+    match (ty, value) {
+        (FieldType::Int, Some(Scalar::Int(v))) => batch.push_int(col, v),
+        (FieldType::Float, Some(Scalar::Int(v))) => batch.push_float(col, v as f64),
+        (FieldType::Float, Some(Scalar::Number(raw))) => {
+            batch.push_float(col, crate::source::json::number_f64(raw).unwrap_or(f64::NAN))
+        }
+        (FieldType::Boolean, Some(Scalar::Bool(b))) => batch.push_bool(col, b),
+        (FieldType::Text, Some(s)) => {
+            let text = match s.as_str() {
+                Some(Ok(t)) => t,
+                _ => Cow::Borrowed(""),
+            };
+            batch.push_text(col, &text)
+        }
+        _ => unreachable!("columns are checked before staging"),
+    }
+}
+
+/// [`WindowOperator::check`] of one plugin column: the value in `slot` has type `ty`.
+#[inline(never)]
+fn check_column(slot: usize, ty: FieldType, value: &Option<Scalar>, names: &[String]) -> Result<(), String> {
+    let Some(v) = value else { return Err(format!("missing field `{}`", names[slot])) };
+    let ok = match (ty, v) {
+        (FieldType::Int, Scalar::Int(_)) => true,
+        (FieldType::Float, Scalar::Int(_)) => true,
+        // The scanner yields only JSON number syntax, which always parses as an
+        // f64 (out of range: infinite); it is parsed once, when staged.
+        (FieldType::Float, Scalar::Number(_)) => true,
+        (FieldType::Boolean, Scalar::Bool(_)) => true,
+        (FieldType::Text, s @ Scalar::Str { .. }) => match s.as_str() {
+            Some(Ok(_)) => true,
+            Some(Err(e)) => return Err(format!("field `{}`: {}", names[slot], e.message)),
+            None => false,
+        },
+        _ => false,
+    };
+    if !ok {
+        let want = match ty {
+            FieldType::Int => "an integer",
+            FieldType::Float => "a number",
+            FieldType::Text => "a string",
+            FieldType::Boolean => "a boolean",
+        };
+        return Err(format!("field `{}`: expected {want}, got {}", names[slot], v.kind()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

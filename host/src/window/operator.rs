@@ -313,7 +313,7 @@ impl WindowOperator {
 
     /// The id of an encoded key; a key seen for the first time is checked to be UTF-8
     /// (keys are built from raw input bytes) and interned.
-    #[inline]
+    #[inline(always)]
     fn key_id(&mut self, key: &[u8]) -> Option<u32> {
         let id = match self.keys.get(key) {
             Some(id) => id,
@@ -345,7 +345,7 @@ impl WindowOperator {
     /// Stage a checked record's plugin columns: integers inline (the reference plugins'
     /// columns), the other types out of line (the parse of a float, the check of a text,
     /// kept out of the loop around every record).
-    #[inline]
+    #[inline(always)]
     fn stage_columns(&mut self, slots: &[Option<Scalar>]) {
         for (col, &(slot, ty)) in self.columns.iter().enumerate() {
             match (ty, slots[slot]) {

@@ -242,6 +242,16 @@ fn scan_separated<'a>(shape: &Shape, b: &'a [u8], out: &mut [Option<Scalar<'a>>]
                     i = end;
                 }
                 Short::Invalid => return Separated::Refused,
+                Short::Fraction { digits, int_end } => match number_tail(b, digits, int_end) {
+                    Ok(span) => {
+                        let end = span.end;
+                        if sep.slot != NO_SLOT {
+                            put(out, number_of(b, i, span).0);
+                        }
+                        i = end;
+                    }
+                    Err(_) => return Separated::Refused,
+                },
                 Short::Other if sep.slot == NO_SLOT => match number_span(b, i) {
                     Ok(span) => i = span.end,
                     Err(_) => return Separated::Refused,
@@ -312,7 +322,10 @@ enum Short {
     Int { digits: usize, n: usize, end: usize },
     /// Not JSON number syntax ([`number_span`] fails on it).
     Invalid,
-    /// A fraction, an exponent or 16 digits or more: [`number`] and [`number_span`] decide.
+    /// Checked integer digits `digits..int_end` followed by a fraction or an exponent:
+    /// [`number_tail`] goes on from there.
+    Fraction { digits: usize, int_end: usize },
+    /// 16 digits or more: [`number`] and [`number_span`] decide.
     Other,
 }
 
@@ -333,7 +346,7 @@ fn short_integer(b: &[u8], i: usize, first: u8) -> Short {
         return Short::Invalid;
     }
     if matches!(after, b'.' | b'e' | b'E') {
-        return Short::Other;
+        return Short::Fraction { digits, int_end: digits + n };
     }
     Short::Int { digits, n, end: digits + n }
 }
@@ -789,20 +802,25 @@ fn escape(b: &[u8], i: usize) -> Result<usize, DecodeError> {
 /// A number at `i`: an `Int` when it is a plain integer that fits i64.
 #[inline(always)]
 fn number(b: &[u8], start: usize) -> Result<(Scalar<'_>, usize), DecodeError> {
-    let span = number_span(b, start)?;
+    Ok(number_of(b, start, number_span(b, start)?))
+}
+
+/// The value of the number at `start` that `span` covers.
+#[inline(always)]
+fn number_of(b: &[u8], start: usize, span: NumberSpan) -> (Scalar<'_>, usize) {
     let (n_digits, end) = (span.int_end - span.digits, span.end);
     let integer = span.int_end == end;
     // Up to 18 digits cannot overflow; longer integers take the exact path.
     if integer && n_digits <= 18 {
         let v = int_value(b, span.digits, n_digits) as i64;
-        return Ok((Scalar::Int(if span.digits > start { -v } else { v }), end));
+        return (Scalar::Int(if span.digits > start { -v } else { v }), end);
     }
     if integer {
         if let Ok(v) = std::str::from_utf8(&b[start..end]).unwrap_or("x").parse::<i64>() {
-            return Ok((Scalar::Int(v), end));
+            return (Scalar::Int(v), end);
         }
     }
-    Ok((Scalar::Number(&b[start..end]), end))
+    (Scalar::Number(&b[start..end]), end)
 }
 
 /// Where the parts of a number lie: its integer digits (`digits..int_end`, after a
@@ -839,6 +857,14 @@ fn number_span(b: &[u8], start: usize) -> Result<NumberSpan, DecodeError> {
     if n_digits > 1 && b[digits] == b'0' {
         return Err(fail(b, digits, "leading zero in number"));
     }
+    number_tail(b, digits, int_end)
+}
+
+/// The span of a number whose integer digits, `digits..int_end`, are checked: with its
+/// fraction and exponent, when it has them.
+#[inline(always)]
+fn number_tail(b: &[u8], digits: usize, int_end: usize) -> Result<NumberSpan, DecodeError> {
+    let mut i = int_end;
     if b.get(i) == Some(&b'.') {
         i = digits_after(b, i + 1)?;
     }

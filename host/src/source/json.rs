@@ -185,9 +185,9 @@ enum Separated {
 /// records whose every separator starts [`ROOM`] bytes or more before the input's end and
 /// whose strings have no escape.
 ///
-/// With that room, the separator, the value's first byte and, for a number, the 16 bytes
-/// its digits are looked for in lie in the input: they are read without a bounds check
-/// each (a third of the scan's instructions were such checks).
+/// With that room, the separator, the value's first byte, the 16 bytes a number's digits
+/// are looked for in and a string's first 16 bytes lie in the input: they are read without
+/// a bounds check each (a third of the scan's instructions were such checks).
 #[inline]
 fn scan_separated<'a>(shape: &Shape, b: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Separated {
     if shape.unframed {
@@ -232,7 +232,7 @@ fn scan_separated<'a>(shape: &Shape, b: &'a [u8], out: &mut [Option<Scalar<'a>>]
             }
             b'-' | b'0'..=b'9' => match short_integer(b, i, first) {
                 Short::Int { digits, n, end } => {
-                    // A number no slot takes: checked, its value not computed.
+                    // A number no slot takes is checked, its value not computed.
                     if sep.slot != NO_SLOT {
                         // SAFETY: `short_integer` saw the `n` (< 16) digits at `digits`,
                         // in the room, which holds 16 bytes from there.
@@ -312,7 +312,8 @@ fn stop_after_quote(b: &[u8], i: usize) -> usize {
 }
 
 /// Bytes [`scan_separated`] needs from where a field's separator starts: the separator's
-/// compare ([`SEP_BYTES`]), a sign and 16 bytes for the digits of a number.
+/// compare ([`SEP_BYTES`]), then a quote or a sign and 16 bytes (49 at most; 64 leaves
+/// slack).
 const ROOM: usize = 64;
 
 /// What [`short_integer`] makes of a number.
@@ -325,7 +326,8 @@ enum Short {
     /// Checked integer digits `digits..int_end` followed by a fraction or an exponent:
     /// [`number_tail`] goes on from there.
     Fraction { digits: usize, int_end: usize },
-    /// 16 digits or more: [`number`] and [`number_span`] decide.
+    /// 16 digits or more (any number on targets without the 16-byte compare):
+    /// [`number`] and [`number_span`] decide.
     Other,
 }
 

@@ -47,6 +47,7 @@ const RUST_SDK: &[Template] = &[
     ("km0-plugin/Cargo.toml", include_str!("../../plugins/sdk/Cargo.toml")),
     ("km0-plugin/src/lib.rs", include_str!("../../plugins/sdk/src/lib.rs")),
     ("km0-plugin/src/runtime.rs", include_str!("../../plugins/sdk/src/runtime.rs")),
+    ("km0-plugin/src/json.rs", include_str!("../../plugins/sdk/src/json.rs")),
     ("km0-plugin/wit/aggregate.wit", WIT),
     // The versions the repository's plugins are tested with, as a starting lock file.
     ("Cargo.lock", include_str!("../../plugins/Cargo.lock")),

@@ -3,8 +3,9 @@
 //! A plugin author implements [`Aggregate`] (typed accumulator, per-group `add`, `merge`,
 //! `finish`, optional `migrate`) and calls [`export_plugin!`]. Everything else is this
 //! crate's business: the WIT bindings of `wit/aggregate.wit`, the packed/columnar batch
-//! format, and the accumulator encoding (postcard over serde, the fresh accumulator being
-//! `Default`).
+//! format, the accumulator encoding (postcard over serde, the fresh accumulator being
+//! `Default`), and the JSON text of emitted records (serde_json's text, written by a
+//! writer of its own for the common shapes: see `json.rs`).
 //!
 //! ```ignore
 //! use km0_plugin::{Aggregate, Config, Events, Field, Group, Output};
@@ -39,6 +40,7 @@ pub mod bindings {
 pub mod __rt {
     pub use crate::runtime::*;
 }
+mod json;
 mod runtime;
 
 use bindings::km0::plugin::types as wit;
@@ -247,9 +249,13 @@ pub struct Output {
 }
 
 impl Output {
-    /// Emit one record; its value must serialize to a JSON object.
+    /// Emit one record; its value must serialize to a JSON object (the text serde_json
+    /// writes for it).
     pub fn emit<T: Serialize + ?Sized>(&mut self, value: &T) {
-        let value = serde_json::to_string(value).expect("record serializes to JSON");
+        let value = match json::to_string(value) {
+            Some(text) => text,
+            None => serde_json::to_string(value).expect("record serializes to JSON"),
+        };
         self.records.push(wit::Emitted { group: self.group, value });
     }
 

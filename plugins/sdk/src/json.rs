@@ -55,9 +55,10 @@ fn escaped_byte(c: u8) -> bool {
 }
 
 /// Append `b` to `out`: up to 16 bytes by two (overlapping) word copies, longer ones by
-/// `extend_from_slice`.
+/// `extend_from_slice` (in WebAssembly a copy of unknown length is a `memory.copy`, a call
+/// out of the guest).
 #[inline(always)]
-fn put(out: &mut Vec<u8>, b: &[u8]) {
+pub(crate) fn put(out: &mut Vec<u8>, b: &[u8]) {
     let n = b.len();
     if n > 16 {
         out.extend_from_slice(b);

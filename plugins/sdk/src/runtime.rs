@@ -76,7 +76,8 @@ impl postcard::ser_flavors::Flavor for Append<'_> {
     }
     #[inline]
     fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(bytes);
+        // A varint's few bytes: word moves, not a `memory.copy`.
+        crate::json::put(self.0, bytes);
         Ok(())
     }
     fn finalize(self) -> postcard::Result<()> {

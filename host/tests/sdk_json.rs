@@ -58,11 +58,13 @@ struct Unit;
 #[derive(Serialize)]
 struct Meters(f64);
 
-#[derive(Serialize)]
+#[derive(Serialize, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     Low,
-    #[allow(dead_code)]
     Other(u8),
+    Pair(i8, &'static str),
+    Named { at: i16, what: Option<bool> },
+    Empty(),
 }
 
 #[test]
@@ -128,15 +130,59 @@ fn numbers_and_other_values_are_written_as_serde_json_writes_them() {
     same(&[i8::MIN as i64, i16::MIN as i64, i32::MIN as i64, i64::MIN, i64::MAX], true);
     same(&(u8::MAX, u16::MAX, u32::MAX, u64::MAX), true);
     same(&(i128::MIN, i128::MAX, u128::MAX), true);
+    same(&(i8::MIN, i16::MIN, -1i8, -1i16, i32::MIN), true);
     same(&(0.0f32, -1.25f32, f32::MAX, f32::NAN), true);
     same(&(true, false, (), None::<u8>, Some("x")), true);
     same(&Vec::<u8>::new(), true);
     same(&BTreeMap::<String, u8>::new(), true);
     same(&serde_json::json!({"a": [1, {"b": null}], "c\n": "d", "e": 1.5}), true);
-    // Left to serde_json: map keys that are not strings, enum variants with data, bytes.
-    same(&HashMap::from([(1, 2)]), false);
-    same(&Kind::Other(3), false);
-    same(&serde_bytes_like(), false);
+    // Enum variants of every kind, bytes, keys that are not strings.
+    same(
+        &[
+            Kind::Low,
+            Kind::Other(3),
+            Kind::Pair(-1, "\"x\""),
+            Kind::Named { at: -7, what: None },
+            Kind::Empty(),
+        ],
+        true,
+    );
+    same(&serde_bytes_like(), true);
+    same(&BTreeMap::from([(-1i64, 2), (i64::MAX, 3)]), true);
+    same(&BTreeMap::from([(i128::MIN, 0)]), true);
+    same(&BTreeMap::from([(true, 1), (false, 2)]), true);
+    same(&BTreeMap::from([('"', 1), ('ñ', 2)]), true);
+    same(&BTreeMap::from([(Kind::Low, 1)]), true);
+    same(&HashMap::from([(7u8, vec![Kind::Other(1)])]), true);
+    // Left to serde_json: float keys.
+    same(&FloatKeys, false);
+    // A value whose serialization fails: no text (serde_json fails on it too).
+    assert!(sdk_json::to_string(&Failing).is_none());
+    assert!(serde_json::to_string(&Failing).is_err());
+}
+
+/// A map with a float key.
+struct FloatKeys;
+
+impl Serialize for FloatKeys {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry(&2.5f64, &1)?;
+        m.end()
+    }
+}
+
+/// A value whose `Serialize` fails halfway.
+struct Failing;
+
+impl Serialize for Failing {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = s.serialize_seq(None)?;
+        seq.serialize_element(&1)?;
+        Err(S::Error::custom("cannot"))
+    }
 }
 
 /// A value serialized as bytes.

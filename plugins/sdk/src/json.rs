@@ -9,9 +9,10 @@
 //! copies are a few word moves instead of a `memory.copy`. The plugin's share of that job's
 //! time went from ~11.5% to ~8.7%.
 //!
-//! [`to_string`] gives up (None) on what it does not write itself (enum variants with
-//! data, byte arrays, map keys that are not strings, serde_json's own types, a failing
-//! `Serialize`): the caller then asks serde_json, which writes those or says why not.
+//! [`to_string`] gives up (None) on the little it does not write itself (floats as map
+//! keys, serde_json's own `RawValue` and arbitrary-precision numbers, a failing
+//! `Serialize`): the caller then asks serde_json, which writes those or says why not (the
+//! value is then serialized twice).
 
 use serde::ser::{self, Serialize};
 use std::fmt;
@@ -178,10 +179,10 @@ impl<'a> ser::Serializer for &'a mut Writer {
     type SerializeSeq = Compound<'a>;
     type SerializeTuple = Compound<'a>;
     type SerializeTupleStruct = Compound<'a>;
-    type SerializeTupleVariant = ser::Impossible<(), GiveUp>;
+    type SerializeTupleVariant = Variant<'a>;
     type SerializeMap = Compound<'a>;
     type SerializeStruct = Compound<'a>;
-    type SerializeStructVariant = ser::Impossible<(), GiveUp>;
+    type SerializeStructVariant = Variant<'a>;
 
     integers!(serialize_i8: i8, serialize_i16: i16, serialize_i32: i32, serialize_i64: i64, serialize_i128: i128,
         serialize_u8: u8, serialize_u16: u16, serialize_u32: u32, serialize_u64: u64, serialize_u128: u128);
@@ -204,8 +205,11 @@ impl<'a> ser::Serializer for &'a mut Writer {
         string(&mut self.out, v, b"");
         Ok(())
     }
-    fn serialize_bytes(self, _: &[u8]) -> Result<(), GiveUp> {
-        Err(GiveUp)
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), GiveUp> {
+        // As serde_json: an array of numbers.
+        let mut seq = self.serialize_seq(Some(v.len()))?;
+        v.iter().try_for_each(|b| ser::SerializeSeq::serialize_element(&mut seq, b))?;
+        ser::SerializeSeq::end(seq)
     }
     fn serialize_none(self) -> Result<(), GiveUp> {
         self.serialize_unit()
@@ -231,10 +235,15 @@ impl<'a> ser::Serializer for &'a mut Writer {
         self,
         _: &'static str,
         _: u32,
-        _: &'static str,
-        _: &T,
+        variant: &'static str,
+        v: &T,
     ) -> Result<(), GiveUp> {
-        Err(GiveUp)
+        // As serde_json: `{"variant":value}`.
+        self.out.push(b'{');
+        string(&mut self.out, variant, b":");
+        v.serialize(&mut *self)?;
+        self.out.push(b'}');
+        Ok(())
     }
     fn serialize_seq(self, _: Option<usize>) -> Result<Compound<'a>, GiveUp> {
         self.out.push(b'[');
@@ -250,10 +259,13 @@ impl<'a> ser::Serializer for &'a mut Writer {
         self,
         _: &'static str,
         _: u32,
-        _: &'static str,
+        variant: &'static str,
         _: usize,
-    ) -> Result<Self::SerializeTupleVariant, GiveUp> {
-        Err(GiveUp)
+    ) -> Result<Variant<'a>, GiveUp> {
+        // As serde_json: `{"variant":[...]}`.
+        self.out.push(b'{');
+        string(&mut self.out, variant, b":[");
+        Ok(Variant(Compound { w: self, first: true }))
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Compound<'a>, GiveUp> {
         self.out.push(b'{');
@@ -271,10 +283,40 @@ impl<'a> ser::Serializer for &'a mut Writer {
         self,
         _: &'static str,
         _: u32,
-        _: &'static str,
+        variant: &'static str,
         _: usize,
-    ) -> Result<Self::SerializeStructVariant, GiveUp> {
-        Err(GiveUp)
+    ) -> Result<Variant<'a>, GiveUp> {
+        // As serde_json: `{"variant":{...}}`.
+        self.out.push(b'{');
+        string(&mut self.out, variant, b":{");
+        Ok(Variant(Compound { w: self, first: true }))
+    }
+}
+
+/// A tuple or struct variant being written: its items, then two closing brackets.
+struct Variant<'a>(Compound<'a>);
+
+impl ser::SerializeTupleVariant for Variant<'_> {
+    type Ok = ();
+    type Error = GiveUp;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), GiveUp> {
+        ser::SerializeSeq::serialize_element(&mut self.0, v)
+    }
+    fn end(self) -> Result<(), GiveUp> {
+        put(&mut self.0.w.out, b"]}");
+        Ok(())
+    }
+}
+
+impl ser::SerializeStructVariant for Variant<'_> {
+    type Ok = ();
+    type Error = GiveUp;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> Result<(), GiveUp> {
+        ser::SerializeStruct::serialize_field(&mut self.0, key, v)
+    }
+    fn end(self) -> Result<(), GiveUp> {
+        put(&mut self.0.w.out, b"}}");
+        Ok(())
     }
 }
 
@@ -343,9 +385,27 @@ impl ser::SerializeStruct for Compound<'_> {
     }
 }
 
-/// A map key: a string, written with its colon (serde_json also takes numbers and more,
-/// which are left to it).
+/// A map key, written with its colon: a string, or an integer, a boolean, a character or
+/// a unit variant in quotes, as serde_json writes them (a float is left to it).
 struct KeyWriter<'a>(&'a mut Writer);
+
+impl KeyWriter<'_> {
+    fn quoted(self, text: &[u8]) -> Result<(), GiveUp> {
+        let out = &mut self.0.out;
+        out.push(b'"');
+        put(out, text);
+        put(out, b"\":");
+        Ok(())
+    }
+}
+
+macro_rules! quoted_integers {
+    ($($f:ident: $t:ty),*) => {
+        $(fn $f(self, v: $t) -> Result<(), GiveUp> {
+            self.quoted(itoa::Buffer::new().format(v).as_bytes())
+        })*
+    };
+}
 
 macro_rules! refused {
     ($($f:ident: $t:ty),*) => {
@@ -366,9 +426,18 @@ impl ser::Serializer for KeyWriter<'_> {
     type SerializeStruct = ser::Impossible<(), GiveUp>;
     type SerializeStructVariant = ser::Impossible<(), GiveUp>;
 
-    refused!(serialize_bool: bool, serialize_i8: i8, serialize_i16: i16, serialize_i32: i32, serialize_i64: i64,
-        serialize_u8: u8, serialize_u16: u16, serialize_u32: u32, serialize_u64: u64, serialize_f32: f32,
-        serialize_f64: f64, serialize_char: char, serialize_bytes: &[u8], serialize_unit_struct: &'static str);
+    quoted_integers!(serialize_i8: i8, serialize_i16: i16, serialize_i32: i32, serialize_i64: i64,
+        serialize_i128: i128, serialize_u8: u8, serialize_u16: u16, serialize_u32: u32, serialize_u64: u64,
+        serialize_u128: u128);
+    refused!(serialize_f32: f32, serialize_f64: f64, serialize_bytes: &[u8], serialize_unit_struct: &'static str);
+
+    fn serialize_bool(self, v: bool) -> Result<(), GiveUp> {
+        self.quoted(if v { b"true" } else { b"false" })
+    }
+    fn serialize_char(self, v: char) -> Result<(), GiveUp> {
+        string(&mut self.0.out, v.encode_utf8(&mut [0; 4]), b":");
+        Ok(())
+    }
 
     fn serialize_str(self, v: &str) -> Result<(), GiveUp> {
         string(&mut self.0.out, v, b":");
@@ -386,8 +455,9 @@ impl ser::Serializer for KeyWriter<'_> {
     fn serialize_unit(self) -> Result<(), GiveUp> {
         Err(GiveUp)
     }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<(), GiveUp> {
-        Err(GiveUp)
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<(), GiveUp> {
+        string(&mut self.0.out, variant, b":");
+        Ok(())
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
         self,

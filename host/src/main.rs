@@ -578,7 +578,7 @@ fn print_plugin(runtime: &PluginRuntime, plugin: &Path) -> Result<()> {
     println!("name:          {}", id.name);
     println!("version:       {}", id.version);
     println!("state schema:  {}", id.state_schema);
-    println!("contract:      km0:plugin@{} (world aggregate-plugin)", id.contract);
+    println!("contract:      km0:plugin@{} (world {})", id.contract, runtime.world(plugin)?);
     println!("sha256:        {}", id.sha256);
     println!("ordered input: {}", info.ordered_input);
     println!(

@@ -451,18 +451,9 @@ impl Batch {
         state: &WindowState,
         ready: Option<i64>,
     ) -> Vec<(u32, i64)> {
-        let n_groups = self.group_list.len();
-        // Dense call index of every canonical group (merged sessions: the one merged into).
-        let canon = &mut s.canon;
-        canon.clear();
-        canon.extend((0..n_groups as u32).map(|g| self.canonical(g)));
-        let call_index = &mut s.call_index;
-        call_index.clear();
-        call_index.resize(n_groups, u32::MAX);
-        let mut call_groups = std::mem::take(&mut self.spare_calls);
-        call_groups.clear();
-        self.call_slots.clear();
-        for g in 0..n_groups {
+        let mut call_groups = self.start_call(s);
+        let (canon, call_index) = (&s.canon, &mut s.call_index);
+        for g in 0..self.group_list.len() {
             let (key, id) = self.group_list[g];
             // A slot not open (yet) is not complete, as for ordered plugins; every group is
             // taken without a look at its slot when all are.
@@ -480,9 +471,65 @@ impl Batch {
         if call_groups.is_empty() {
             return call_groups;
         }
-        // Counting sort of the rows by call group (stable: arrival order); the rows of the
-        // other groups stay.
-        let n_call = call_groups.len();
+        self.gather(s, call_groups.len());
+        self.lay_out(&call_groups, keys, state);
+        self.restage(s);
+        call_groups
+    }
+
+    /// Lay out one call for the slots `windows` ((key, slot id, slot handle), in call
+    /// order), each with all its staged rows (in arrival order; a slot may have none).
+    /// Unordered plugins. The rows stay staged until [`Batch::take_laid_out`]: a call that
+    /// fails leaves the batch as it was.
+    pub fn assemble_slots(
+        &mut self,
+        windows: impl ExactSizeIterator<Item = (u32, i64, SlotHandle)>,
+        keys: &KeyTable,
+        state: &WindowState,
+    ) {
+        let mut s = std::mem::take(&mut self.scratch);
+        let mut call_groups = self.start_call(&mut s);
+        let n_call = windows.len();
+        for (i, (key, id, h)) in windows.enumerate() {
+            if let Some(g) = self.index.get(key, id) {
+                s.call_index[s.canon[g as usize] as usize] = i as u32;
+            }
+            call_groups.push((key, id));
+            self.call_slots.push(h);
+        }
+        self.gather(&mut s, n_call);
+        self.lay_out(&call_groups, keys, state);
+        self.spare_calls = call_groups;
+        self.scratch = s;
+    }
+
+    /// A call with no group yet: every staged group's canonical group (merged sessions:
+    /// the one merged into) in `s.canon`, none in the call (`s.call_index`); the call's
+    /// groups, empty.
+    fn start_call(&mut self, s: &mut Scratch) -> Vec<(u32, i64)> {
+        let n_groups = self.group_list.len();
+        s.canon.clear();
+        s.canon.extend((0..n_groups as u32).map(|g| self.canonical(g)));
+        s.call_index.clear();
+        s.call_index.resize(n_groups, u32::MAX);
+        self.call_slots.clear();
+        let mut call_groups = std::mem::take(&mut self.spare_calls);
+        call_groups.clear();
+        call_groups
+    }
+
+    /// Take the rows of the call [`Batch::assemble_slots`] laid out out of the batch.
+    pub fn take_laid_out(&mut self) {
+        let mut s = std::mem::take(&mut self.scratch);
+        self.restage(&mut s);
+        self.scratch = s;
+    }
+
+    /// Counting sort of the staged rows by call group (`s.call_index` of their canonical
+    /// group, `u32::MAX`: not in the call) into `order` and `events.group_ends`; stable
+    /// (arrival order). The rows of the other groups, which stay, into `s.kept`.
+    fn gather(&mut self, s: &mut Scratch, n_call: usize) {
+        let (call_index, canon) = (&s.call_index, &s.canon);
         self.counts.clear();
         self.counts.resize(n_call + 1, 0);
         let call_of = |g: u32| call_index[canon[g as usize] as usize];
@@ -509,9 +556,6 @@ impl Batch {
                 }
             }
         }
-        self.lay_out(&call_groups, keys, state);
-        self.restage(s);
-        call_groups
     }
 
     /// Ordered plugins: the groups whose slot ends at or before `ready`, found through the

@@ -22,7 +22,7 @@ use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store, Trap};
 
-pub use contract::v0_2::km0::plugin::types::{
+pub use contract::v0_3::km0::plugin::types::{
     Column, Emitted, Events, Field, FieldType, Groups, Packed, PluginInfo,
 };
 use contract::{Instance, Pre};
@@ -166,6 +166,14 @@ impl PluginRuntime {
     pub fn inspect(&self, path: &Path) -> Result<(PluginIdentity, PluginInfo)> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
         self.inspect_bytes(&path.display().to_string(), &bytes)
+    }
+
+    /// The world a component implements: `firing-aggregate-plugin` when it exports `fire`
+    /// too, else `aggregate-plugin`.
+    pub fn world(&self, path: &Path) -> Result<&'static str> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
+        let p = self.instantiate(&path.display().to_string(), &bytes, Limits::default())?;
+        Ok(if p.fires() { "firing-aggregate-plugin" } else { "aggregate-plugin" })
     }
 
     /// [`PluginRuntime::inspect`] of a component's bytes.
@@ -372,11 +380,41 @@ impl Plugin {
 
     /// Results of firing windows.
     pub fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
-        let n = groups.window_start.len();
         let out = self.call("finish", |i, store| i.finish(store, groups))?;
+        self.check_emitted("finish", out, groups)
+    }
+
+    /// Whether the plugin folds and finishes closing windows in one call (it exports
+    /// `fire`).
+    pub fn fires(&self) -> bool {
+        self.instance.fires()
+    }
+
+    /// Fold the groups' events and finish their windows, which close: one call when the
+    /// plugin exports `fire`, else `add`, then `finish` of its accumulators (which replace
+    /// `groups.accumulators`).
+    pub fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
+        if !self.fires() {
+            groups.accumulators = self.add(groups, events)?;
+            return self.finish(groups);
+        }
+        let out = self.call("add-and-finish", |i, store| {
+            i.add_and_finish(store, groups, events).unwrap_or_else(|| Ok(Err("no fire export".into())))
+        })?;
+        self.check_emitted("add-and-finish", out, groups)
+    }
+
+    /// Records that name a group of the call.
+    fn check_emitted(
+        &mut self,
+        call: &'static str,
+        out: Vec<Emitted>,
+        groups: &Groups,
+    ) -> Result<Vec<Emitted>> {
+        let n = groups.window_start.len();
         if let Some(bad) = out.iter().find(|e| e.group as usize >= n) {
             self.calls.malformed += 1;
-            return Err(self.call_error("finish", format!("emitted for group {} of {n}", bad.group)));
+            return Err(self.call_error(call, format!("emitted for group {} of {n}", bad.group)));
         }
         Ok(out)
     }

@@ -16,6 +16,13 @@ pub trait Aggregator: Send {
     fn merge(&mut self, left: &Packed, right: &Packed) -> Result<Packed>;
     /// The results of the groups' windows.
     fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>>;
+    /// Fold each group's events into its accumulator and give the results of the groups'
+    /// windows, which close (their accumulators are not kept): `add`, then `finish` of its
+    /// accumulators, which replace `groups.accumulators`; one call where the logic has it.
+    fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
+        groups.accumulators = self.add(groups, events)?;
+        self.finish(groups)
+    }
     /// Accumulators of state schema `from` in this logic's schema.
     fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed>;
     /// A fresh instance after a fault (state lives in the host: nothing is lost).
@@ -45,6 +52,10 @@ impl Aggregator for Plugin {
 
     fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
         Plugin::finish(self, groups)
+    }
+
+    fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
+        Plugin::add_and_finish(self, groups, events)
     }
 
     fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed> {

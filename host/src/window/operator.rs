@@ -170,6 +170,10 @@ pub struct WindowOperator {
     /// Scratch of [`Self::emit`]: the windows that fire, and [`place_by_rank`]'s.
     fired: Vec<(u32, Window, Acc)>,
     placed: Vec<(u32, Window, Acc)>,
+    /// Scratch of [`Self::fire_closing`]: (key, window, (slot id, handle)) of the windows
+    /// that fire, and [`place_by_rank`]'s.
+    fired_slots: Vec<(u32, Window, (i64, SlotHandle))>,
+    placed_slots: Vec<(u32, Window, (i64, SlotHandle))>,
     counters: OperatorCounters,
     /// Slots removed since the last checkpoint (encoded key, slot id), when a backend
     /// keeps an incremental copy.
@@ -227,6 +231,8 @@ impl WindowOperator {
             fired_ends: Vec::new(),
             fired: Vec::new(),
             placed: Vec::new(),
+            fired_slots: Vec::new(),
+            placed_slots: Vec::new(),
             counters: OperatorCounters::default(),
             removed: None,
             on_error: OnError::default(),
@@ -979,12 +985,19 @@ impl WindowOperator {
         // end (see `flush_before_firing`). Popping timers reads only windows, which a
         // flush keeps. Every slot it takes has a timer due now (or had one popped
         // already), so when slots end as they fire, all it takes are dropped below.
-        self.handing_over_to_close = self.fire_cleans_up();
-        let flushed = self.flush_before_firing(wm);
-        self.handing_over_to_close = false;
-        flushed?;
-        // Fires that close their slots removed them.
-        self.emit(&fires, out, self.fire_cleans_up())?;
+        // Tumbling windows of an unordered plugin that end as they fire, when no slot ends
+        // without firing: every complete slot is among the fires, and its rows and its
+        // firing go in one call (`fire_closing`).
+        let in_one_call =
+            self.fire_cleans_up() && self.assigner.periodic() && !self.batch.ordered() && cleanups.is_empty();
+        if !(in_one_call && self.fire_closing(&fires, out)?) {
+            self.handing_over_to_close = self.fire_cleans_up();
+            let flushed = self.flush_before_firing(wm);
+            self.handing_over_to_close = false;
+            flushed?;
+            // Fires that close their slots removed them.
+            self.emit(&fires, out, self.fire_cleans_up())?;
+        }
         for (key, id) in cleanups {
             self.drop_slot(key, id);
         }
@@ -1020,39 +1033,9 @@ impl WindowOperator {
                     .filter_map(|&(k, id)| self.state.slot(k, id).map(|s| (k, s.window, s.acc.clone()))),
             ),
         }
-        // By window, then key. A timer may have been set twice (a slot dropped and opened
-        // again before its timer came due): the window fires once. A closing slot is
-        // removed by its first fire (the second finds nothing); a slot that stays gives
-        // both the same accumulator. Windows that sort equal are then the same, so an
-        // unstable sort gives the same order.
-        match self.keys.ranks(windows.len()) {
-            Some(rank) if !place_by_rank(&mut windows, rank, &mut self.by_rank, &mut self.placed) => {
-                // Sort small (end, start, rank, index) tuples, then move the windows once.
-                let mut order: Vec<(i64, i64, u32, u32)> = windows
-                    .iter()
-                    .enumerate()
-                    .map(|(i, w)| (w.1.end, w.1.start, rank[w.0 as usize], i as u32))
-                    .collect();
-                order.sort_unstable();
-                windows = order
-                    .iter()
-                    .map(|o| {
-                        let (k, w, acc) = &mut windows[o.3 as usize];
-                        (*k, *w, std::mem::take(acc))
-                    })
-                    .collect();
-            }
-            Some(_) => {}
-            None => {
-                let keys = &self.keys;
-                windows.sort_unstable_by(|a, b| {
-                    (a.1.end, a.1.start)
-                        .cmp(&(b.1.end, b.1.start))
-                        .then_with(|| keys.raw_fields(a.0).cmp(keys.raw_fields(b.0)))
-                });
-            }
-        }
-        windows.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+        let mut placed = std::mem::take(&mut self.placed);
+        order_windows(&mut self.keys, &mut windows, &mut self.by_rank, &mut placed);
+        self.placed = placed;
         for chunk in windows.chunks(self.batch_size) {
             let keys = &self.keys;
             fill_groups(
@@ -1076,38 +1059,114 @@ impl WindowOperator {
                 Err(e) => return Err(e),
             };
             self.counters.windows_fired += chunk.len() as u64;
-            for e in emitted {
-                let (k, w, _) = &chunk[e.group as usize];
-                let value = match self.check_value(e.value) {
-                    Ok(v) => v,
-                    Err(err) if self.on_error == OnError::DeadLetter => {
-                        let key = self.key_text(*k);
-                        self.rejected.push(Rejected {
-                            key,
-                            window: *w,
-                            event_times: Vec::new(),
-                            reason: err.to_string(),
-                        });
-                        continue;
-                    }
-                    Err(err) => return Err(err),
-                };
-                // The key's fields as the call had them (read in call order, recently
-                // written) rather than from the key table (a cache miss per result).
-                let key = if whole_call {
-                    let groups = &self.fire_groups;
-                    let at = e.group as usize * arity;
-                    let fields = (at..at + arity).map(|i| packed_item(&groups.keys, i));
-                    self.result_key_of(w.start, fields.map_while(|f| std::str::from_utf8(f).ok()))
-                } else {
-                    self.result_key(w.start, *k)
-                };
-                self.counters.emitted += 1;
-                out.push(Emitted { key, value: Some(value) });
-            }
+            self.write_results(emitted, chunk, whole_call.then_some(CallGroups::Finish), out)?;
         }
         windows.clear();
         self.fired = windows;
+        Ok(())
+    }
+
+    /// Tumbling windows of an unordered plugin that end as they fire: each window's staged
+    /// rows, its accumulator and its firing in one call ([`Aggregator::add_and_finish`]),
+    /// laid out once, in the order of the results; nothing is written back (the slots
+    /// end). False, with nothing changed, when the windows are more than a call takes, or
+    /// after a fault (the plugin is fresh again): then the rows are handed over and the
+    /// windows finished in two calls, which isolate a fault to its groups or windows.
+    fn fire_closing(&mut self, fires: &[(u32, i64)], out: &mut Vec<Emitted>) -> Result<bool> {
+        if fires.len() > self.batch_size {
+            return Ok(false);
+        }
+        if !self.doomed.is_empty() {
+            self.drop_doomed();
+        }
+        // (key, window, (slot id, handle)) of every window; the period found once for the
+        // keys that share it (all of them, mostly).
+        let mut windows = std::mem::take(&mut self.fired_slots);
+        windows.clear();
+        let mut period: Option<(i64, PeriodSlots<'_>)> = None;
+        for &(k, id) in fires {
+            if period.as_ref().is_none_or(|p| p.0 != id) {
+                period = Some((id, self.state.period(id)));
+            }
+            let Some(h) = period.as_ref().and_then(|p| p.1.handle(k)) else { continue };
+            if let Some(slot) = self.state.slot_at(h, k, id) {
+                windows.push((k, slot.window, (id, h)));
+            }
+        }
+        if windows.is_empty() {
+            // Timers of slots gone already: nothing fires.
+            self.fired_slots = windows;
+            return Ok(true);
+        }
+        let mut placed = std::mem::take(&mut self.placed_slots);
+        order_windows(&mut self.keys, &mut windows, &mut self.by_rank, &mut placed);
+        self.placed_slots = placed;
+        self.batch.assemble_slots(windows.iter().map(|&(k, _, (id, h))| (k, id, h)), &self.keys, &self.state);
+        let emitted = match self.plugin.add_and_finish(&mut self.batch.groups, &self.batch.events) {
+            Ok(e) => e,
+            Err(e @ Error::PluginCall { .. }) => {
+                tracing::warn!(error = %e, "plugin fault in add-and-finish: handing over and finishing apart");
+                self.plugin.reset()?;
+                self.fired_slots = windows;
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        self.batch.take_laid_out();
+        for &(k, _, (id, _)) in &windows {
+            self.drop_slot(k, id);
+        }
+        self.counters.windows_fired += windows.len() as u64;
+        self.write_results(emitted, &windows, Some(CallGroups::Batch), out)?;
+        windows.clear();
+        self.fired_slots = windows;
+        Ok(true)
+    }
+
+    /// Write the records a call gave for `windows` (its groups, in order); `keys`: where the
+    /// call's groups still are, to read a window's key fields from (None: from the key
+    /// table). A value that is not one JSON object is dead-lettered or fails the job.
+    fn write_results<T>(
+        &mut self,
+        emitted: Vec<crate::plugin::Emitted>,
+        windows: &[(u32, Window, T)],
+        keys: Option<CallGroups>,
+        out: &mut Vec<Emitted>,
+    ) -> Result<()> {
+        for e in emitted {
+            let (k, w, _) = &windows[e.group as usize];
+            let value = match self.check_value(e.value) {
+                Ok(v) => v,
+                Err(err) if self.on_error == OnError::DeadLetter => {
+                    let key = self.key_text(*k);
+                    self.rejected.push(Rejected {
+                        key,
+                        window: *w,
+                        event_times: Vec::new(),
+                        reason: err.to_string(),
+                    });
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            // The key's fields as the call had them (read in call order, recently
+            // written) rather than from the key table (a cache miss per result).
+            let key = match keys {
+                Some(from) => {
+                    let groups = match from {
+                        CallGroups::Finish => &self.fire_groups,
+                        CallGroups::Batch => &self.batch.groups,
+                    };
+                    let arity = groups.key_arity as usize;
+                    let at = e.group as usize * arity;
+                    let fields = (at..at + arity).map(|i| packed_item(&groups.keys, i));
+                    self.result_key_of(w.start, fields.map_while(|f| std::str::from_utf8(f).ok()))
+                }
+                None => self.result_key(w.start, *k),
+            };
+            self.counters.emitted += 1;
+            out.push(Emitted { key, value: Some(value) });
+        }
         Ok(())
     }
 
@@ -1425,15 +1484,64 @@ fn new_batch(types: &[FieldType], key_arity: usize, ordered: bool, periodic: boo
     }
 }
 
+/// The windows that fire, `(key, window, what goes with it)`, in the order their results
+/// are written: by window (end, then start), then key; a window once. A timer may have
+/// been set twice (a slot dropped and opened again before its timer came due): the window
+/// fires once. A closing slot is removed by its first fire (the second finds nothing); a
+/// slot that stays gives both the same accumulator. Windows that sort equal are then the
+/// same, so an unstable sort gives the same order.
+fn order_windows<T: Default>(
+    keys: &mut KeyTable,
+    windows: &mut Vec<(u32, Window, T)>,
+    by_rank: &mut Vec<u32>,
+    placed: &mut Vec<(u32, Window, T)>,
+) {
+    match keys.ranks(windows.len()) {
+        Some(rank) if !place_by_rank(windows, rank, by_rank, placed) => {
+            // Sort small (end, start, rank, index) tuples, then move the windows once.
+            let mut order: Vec<(i64, i64, u32, u32)> = windows
+                .iter()
+                .enumerate()
+                .map(|(i, w)| (w.1.end, w.1.start, rank[w.0 as usize], i as u32))
+                .collect();
+            order.sort_unstable();
+            *windows = order
+                .iter()
+                .map(|o| {
+                    let (k, w, v) = &mut windows[o.3 as usize];
+                    (*k, *w, std::mem::take(v))
+                })
+                .collect();
+        }
+        Some(_) => {}
+        None => {
+            windows.sort_unstable_by(|a, b| {
+                (a.1.end, a.1.start)
+                    .cmp(&(b.1.end, b.1.start))
+                    .then_with(|| keys.raw_fields(a.0).cmp(keys.raw_fields(b.0)))
+            });
+        }
+    }
+    windows.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
+}
+
+/// Where a call's groups are: the last `finish` call's, or the batch's (a call that
+/// folded and finished).
+#[derive(Clone, Copy)]
+enum CallGroups {
+    Finish,
+    Batch,
+}
+
 /// Windows that fire together mostly share one window (a tumbling window's end reached
 /// by every key): then they go in key order by placing each at its key's rank, in time
 /// linear in the keys, when there are not many more keys than windows. False (nothing
 /// moved) when that does not apply: several windows, a key twice, too many keys.
-fn place_by_rank(
-    windows: &mut Vec<(u32, Window, Acc)>,
+fn place_by_rank<T: Default>(
+    windows: &mut Vec<(u32, Window, T)>,
     rank: &[u32],
     by_rank: &mut Vec<u32>,
-    placed: &mut Vec<(u32, Window, Acc)>,
+    placed: &mut Vec<(u32, Window, T)>,
 ) -> bool {
     let Some(&(_, first, _)) = windows.first() else { return true };
     if rank.len() > 8 * windows.len() + 4096 || windows.iter().any(|w| w.1 != first) {
@@ -1449,8 +1557,8 @@ fn place_by_rank(
     }
     placed.clear();
     placed.extend(by_rank.iter().filter(|&&i| i != u32::MAX).map(|&i| {
-        let (k, w, acc) = &mut windows[i as usize];
-        (*k, *w, std::mem::take(acc))
+        let (k, w, v) = &mut windows[i as usize];
+        (*k, *w, std::mem::take(v))
     }));
     std::mem::swap(windows, placed);
     true

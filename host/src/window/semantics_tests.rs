@@ -1,7 +1,9 @@
 //! Window semantics with a native aggregator, without WebAssembly: which events each
 //! window holds and, for ordered logic, in which order. The double [`Times`] keeps the
 //! event times it is given in the order it folds them (a merge appends the later slot's);
-//! a window's result is that list; it faults on an event at time [`FAULTY`]. Every
+//! a window's result is that list; it faults on an event at time [`FAULTY`]. It may fold
+//! and finish closing windows in one call (`add_and_finish`), as a plugin that exports
+//! `fire` does. Every
 //! expected list is worked out by hand from the window definitions in `window/mod.rs`.
 
 use super::aggregator::Aggregator;
@@ -17,11 +19,23 @@ const FAULTY: i64 = 13;
 struct Times {
     info: PluginInfo,
     identity: PluginIdentity,
-    /// `add` calls so far (reported as the calls' count).
+    /// `add` calls so far (reported as the calls' count, with `fused`).
     adds: u64,
+    /// Whether it folds and finishes in one call, and those calls so far.
+    fires: bool,
+    fused: u64,
+    /// The name of every call made so far.
+    log: CallLog,
 }
 
+type CallLog = std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>;
+
 fn times(ordered: bool) -> Box<dyn Aggregator> {
+    times_firing(ordered, false).0
+}
+
+/// [`Times`], folding and finishing in one call when `fires`; and its log of calls.
+fn times_firing(ordered: bool, fires: bool) -> (Box<dyn Aggregator>, CallLog) {
     let info = PluginInfo {
         name: "times".into(),
         version: "0".into(),
@@ -37,7 +51,8 @@ fn times(ordered: bool) -> Box<dyn Aggregator> {
         contract: crate::plugin::CONTRACT_VERSION.into(),
         key_fields: 0,
     };
-    Box::new(Times { info, identity, adds: 0 })
+    let log = CallLog::default();
+    (Box::new(Times { info, identity, adds: 0, fires, fused: 0, log: log.clone() }), log)
 }
 
 fn item(p: &Packed, i: usize) -> &[u8] {
@@ -59,6 +74,7 @@ impl Aggregator for Times {
 
     fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
         self.adds += 1;
+        self.log.lock().unwrap().push("add");
         if events.event_time.contains(&FAULTY) {
             return Err(Error::PluginCall {
                 plugin: "times".into(),
@@ -88,12 +104,38 @@ impl Aggregator for Times {
     }
 
     fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
+        self.log.lock().unwrap().push("finish");
         Ok((0..groups.window_start.len())
             .map(|g| Emitted {
                 group: g as u32,
                 value: serde_json::json!({ "times": decode(item(&groups.accumulators, g)) }).to_string(),
             })
             .collect())
+    }
+
+    fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
+        if !self.fires {
+            groups.accumulators = self.add(groups, events)?;
+            return self.finish(groups);
+        }
+        self.fused += 1;
+        self.log.lock().unwrap().push("add-and-finish");
+        if events.event_time.contains(&FAULTY) {
+            return Err(Error::PluginCall {
+                plugin: "times".into(),
+                call: "add-and-finish",
+                message: "faulty event".into(),
+            });
+        }
+        let mut start = 0;
+        let mut out = Vec::new();
+        for (g, &end) in events.group_ends.iter().enumerate() {
+            let mut times = decode(item(&groups.accumulators, g));
+            times.extend_from_slice(&events.event_time[start..end as usize]);
+            out.push(Emitted { group: g as u32, value: serde_json::json!({ "times": times }).to_string() });
+            start = end as usize;
+        }
+        Ok(out)
     }
 
     fn migrate(&mut self, _from: u32, accumulators: &Packed) -> Result<Packed> {
@@ -105,7 +147,7 @@ impl Aggregator for Times {
     }
 
     fn calls(&self) -> crate::plugin::CallStats {
-        crate::plugin::CallStats { count: self.adds, ..Default::default() }
+        crate::plugin::CallStats { count: self.adds + self.fused, ..Default::default() }
     }
 }
 
@@ -409,4 +451,61 @@ fn an_unordered_plugin_gets_the_rows_of_the_windows_that_fire_and_the_others_wai
             ("10|k".to_string(), r#"{"times":[11]}"#.to_string())
         ]
     );
+}
+
+#[test]
+fn windows_that_end_as_they_fire_are_folded_and_finished_in_one_call_and_after_a_fault_in_two() {
+    // Tumbling, size 10, keys a and b. A checkpoint hands a's 1 over (`add`). At watermark
+    // 10, [0,10) fires: a's accumulator [1] with its row 3, and b's row 2, in one call.
+    // [10,20) holds a's 12 and b's 13 (faulty): that call fails and changes nothing; the
+    // rows go to `add`, which fails, then one group at a time (b's 13 is rejected, b's
+    // window has nothing left to fire), and `finish` fires a's. With allowed lateness the
+    // windows stay after they fire: two calls.
+    let result = |out: Vec<super::operator::Emitted>| -> Vec<(String, String)> {
+        out.into_iter().map(|e| (e.key, e.value.unwrap_or_default())).collect()
+    };
+    let key = |k: &[u8]| {
+        let mut e = Vec::new();
+        crate::state::push_key_field(&mut e, k);
+        e
+    };
+    let calls = |log: &CallLog| std::mem::take(&mut *log.lock().unwrap());
+    let spec = WindowSpec { kind: WindowKind::Tumbling { size_ms: 10 }, allowed_lateness_ms: 0 };
+    let (plugin, log) = times_firing(false, true);
+    let mut op = WindowOperator::new("w", false, &spec, plugin, 1024, 1, Vec::new());
+    let mut out = Vec::new();
+    op.on_event(&key(b"a"), 1, NONE, &[], &mut out).unwrap();
+    op.flush_unordered().unwrap();
+    for (k, t) in [(b"b", 2), (b"a", 3), (b"a", 12), (b"b", 13)] {
+        op.on_event(&key(k), t, NONE, &[], &mut out).unwrap();
+    }
+    assert_eq!(calls(&log), ["add"]);
+    op.advance(10, &mut out).unwrap();
+    assert_eq!(
+        result(std::mem::take(&mut out)),
+        [
+            ("0|a".to_string(), r#"{"times":[1,3]}"#.to_string()),
+            ("0|b".to_string(), r#"{"times":[2]}"#.to_string())
+        ]
+    );
+    assert_eq!((op.staged(), calls(&log)), (2, vec!["add-and-finish"]));
+    op.advance(20, &mut out).unwrap();
+    assert_eq!(result(out), [("10|a".to_string(), r#"{"times":[12]}"#.to_string())]);
+    let rejected = op.take_rejected();
+    assert_eq!(
+        rejected.iter().map(|r| (r.key.as_str(), r.event_times.clone())).collect::<Vec<_>>(),
+        [("b", vec![13])]
+    );
+    // The failed call, `add` of both groups, of a, of b, and `finish`.
+    assert_eq!((op.staged(), op.keys()), (0, 0));
+    assert_eq!(calls(&log), ["add-and-finish", "add", "add", "add", "finish"]);
+
+    let spec = WindowSpec { kind: WindowKind::Tumbling { size_ms: 10 }, allowed_lateness_ms: 5 };
+    let (plugin, log) = times_firing(false, true);
+    let mut op = WindowOperator::new("w", false, &spec, plugin, 1024, 1, Vec::new());
+    let mut out = Vec::new();
+    op.on_event(&key(b"a"), 1, NONE, &[], &mut out).unwrap();
+    op.advance(10, &mut out).unwrap();
+    assert_eq!(result(out), [("0|a".to_string(), r#"{"times":[1]}"#.to_string())]);
+    assert_eq!(calls(&log), ["add", "finish"]);
 }

@@ -29,7 +29,7 @@
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",
-        world: "km0:plugin/aggregate-plugin",
+        world: "km0:plugin/firing-aggregate-plugin",
         pub_export_macro: true,
         export_macro_name: "__export_aggregate",
         default_bindings_module: "km0_plugin::bindings",
@@ -47,7 +47,7 @@ use bindings::km0::plugin::types as wit;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the WIT contract this SDK implements.
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.3.0";
 
 /// Type of a field the plugin reads from every event.
 #[derive(Clone, Copy, Debug)]

@@ -123,28 +123,53 @@ fn group_view(g: &wit::Groups, i: usize) -> Group<'_> {
 
 pub fn add<T: Aggregate>(groups: wit::Groups, events: wit::Events) -> Result<wit::Packed, String> {
     with_plugin::<T, _>(|plugin| {
-        let n = check_groups(&groups)?;
-        if events.group_ends.len() != n {
-            return Err(format!("{} group ends for {n} groups", events.group_ends.len()));
-        }
-        let mut out = packed_with_capacity(n);
-        let mut row = 0usize;
-        for i in 0..n {
-            let end = events.group_ends[i] as usize;
-            if end < row || end > events.event_time.len() {
-                return Err(format!(
-                    "group {i} ends at row {end}, outside {row}..{}",
-                    events.event_time.len()
-                ));
-            }
-            let mut acc: T::Acc = crate::decode(packed_item(&groups.accumulators, i))?;
-            let ev = Events { times: &events.event_time[row..end], columns: &events.columns, start: row };
-            plugin.add(&mut acc, &group_view(&groups, i), &ev);
-            encode_into(&acc, &mut out)?;
-            row = end;
-        }
+        let mut out = packed_with_capacity(groups.window_start.len());
+        fold(plugin, &groups, &events, |_, acc, _| encode_into(acc, &mut out))?;
         Ok(out)
     })
+}
+
+/// `add`, then `finish` of each group (its accumulator is not encoded again).
+pub fn add_and_finish<T: Aggregate>(
+    groups: wit::Groups,
+    events: wit::Events,
+) -> Result<Vec<wit::Emitted>, String> {
+    with_plugin::<T, _>(|plugin| {
+        let mut out = Output { group: 0, records: Vec::new() };
+        fold(plugin, &groups, &events, |i, acc, group| {
+            out.group = i as u32;
+            plugin.finish(acc, group, &mut out);
+            Ok(())
+        })?;
+        Ok(out.records)
+    })
+}
+
+/// Fold every group's events into its accumulator and hand each to `then`, in group order.
+fn fold<T: Aggregate>(
+    plugin: &T,
+    groups: &wit::Groups,
+    events: &wit::Events,
+    mut then: impl FnMut(usize, &T::Acc, &Group<'_>) -> Result<(), String>,
+) -> Result<(), String> {
+    let n = check_groups(groups)?;
+    if events.group_ends.len() != n {
+        return Err(format!("{} group ends for {n} groups", events.group_ends.len()));
+    }
+    let mut row = 0usize;
+    for i in 0..n {
+        let end = events.group_ends[i] as usize;
+        if end < row || end > events.event_time.len() {
+            return Err(format!("group {i} ends at row {end}, outside {row}..{}", events.event_time.len()));
+        }
+        let mut acc: T::Acc = crate::decode(packed_item(&groups.accumulators, i))?;
+        let ev = Events { times: &events.event_time[row..end], columns: &events.columns, start: row };
+        let group = group_view(groups, i);
+        plugin.add(&mut acc, &group, &ev);
+        then(i, &acc, &group)?;
+        row = end;
+    }
+    Ok(())
 }
 
 pub fn merge<T: Aggregate>(left: wit::Packed, right: wit::Packed) -> Result<wit::Packed, String> {
@@ -193,7 +218,8 @@ pub fn migrate<T: Aggregate>(from_schema: u32, accs: wit::Packed) -> Result<wit:
     })
 }
 
-/// Export an [`Aggregate`] as the km0 `aggregate-plugin` world.
+/// Export an [`Aggregate`] as the km0 `firing-aggregate-plugin` world (`aggregate`, and
+/// `fire` for windows that close as they fire).
 #[macro_export]
 macro_rules! export_plugin {
     ($plugin:ty) => {
@@ -233,6 +259,14 @@ macro_rules! export_plugin {
                 accumulators: $crate::bindings::km0::plugin::types::Packed,
             ) -> Result<$crate::bindings::km0::plugin::types::Packed, String> {
                 $crate::__rt::migrate::<$plugin>(from_schema, accumulators)
+            }
+        }
+        impl $crate::bindings::exports::km0::plugin::fire::Guest for __Km0Export {
+            fn add_and_finish(
+                groups: $crate::bindings::km0::plugin::types::Groups,
+                events: $crate::bindings::km0::plugin::types::Events,
+            ) -> Result<Vec<$crate::bindings::km0::plugin::types::Emitted>, String> {
+                $crate::__rt::add_and_finish::<$plugin>(groups, events)
             }
         }
         $crate::bindings::__export_aggregate!(__Km0Export with_types_in $crate::bindings);

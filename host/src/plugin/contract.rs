@@ -63,15 +63,14 @@ pub enum Pre {
 
 impl Pre {
     /// Bind `pre` to contract `version` (one of [`SUPPORTED`]); a 0.3.0 plugin that exports
-    /// `fire` to the world that has it.
-    pub fn new(version: &str, pre: InstancePre<GuestState>) -> wasmtime::Result<Pre> {
+    /// `fire` (`fires`) to the world that has it, so that a `fire` of the wrong shape is
+    /// refused rather than left unused.
+    pub fn new(version: &str, pre: InstancePre<GuestState>, fires: bool) -> wasmtime::Result<Pre> {
         match version {
             "0.1.0" => Ok(Pre::V0_1(v0_1::AggregatePluginPre::new(pre)?)),
             "0.2.0" => Ok(Pre::V0_2(v0_2::AggregatePluginPre::new(pre)?)),
-            _ => match v0_3::firing::FiringAggregatePluginPre::new(pre.clone()) {
-                Ok(p) => Ok(Pre::Firing(p)),
-                Err(_) => Ok(Pre::V0_3(v0_3::AggregatePluginPre::new(pre)?)),
-            },
+            _ if fires => Ok(Pre::Firing(v0_3::firing::FiringAggregatePluginPre::new(pre)?)),
+            _ => Ok(Pre::V0_3(v0_3::AggregatePluginPre::new(pre)?)),
         }
     }
 

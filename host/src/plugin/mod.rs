@@ -225,7 +225,8 @@ impl PluginRuntime {
             ))
         };
         let pre = self.linker.instantiate_pre(&component).map_err(contract)?;
-        let pre = Pre::new(&version, pre).map_err(contract)?;
+        let fires = exports(&self.engine, &component).iter().any(|n| n.starts_with("km0:plugin/fire@"));
+        let pre = Pre::new(&version, pre, fires).map_err(contract)?;
         let instance = pre.instantiate(&mut store).map_err(contract)?;
         let info = instance.info(&mut store).map_err(|e| fail(format!("info trapped: {e:#}")))?;
         let key_fields =
@@ -254,10 +255,14 @@ impl PluginRuntime {
 
 /// The version of `km0:plugin/aggregate` a component exports, if it exports one.
 fn contract_of(engine: &Engine, component: &wasmtime::component::Component) -> Option<String> {
-    component
-        .component_type()
-        .exports(engine)
-        .find_map(|(name, _)| name.strip_prefix("km0:plugin/aggregate@").map(str::to_string))
+    exports(engine, component)
+        .iter()
+        .find_map(|n| n.strip_prefix("km0:plugin/aggregate@").map(str::to_string))
+}
+
+/// The names a component exports.
+fn exports(engine: &Engine, component: &wasmtime::component::Component) -> Vec<String> {
+    component.component_type().exports(engine).map(|(name, _)| name.to_string()).collect()
 }
 
 fn runtime_error(message: String) -> Error {
@@ -390,16 +395,12 @@ impl Plugin {
         self.instance.fires()
     }
 
-    /// Fold the groups' events and finish their windows, which close: one call when the
-    /// plugin exports `fire`, else `add`, then `finish` of its accumulators (which replace
-    /// `groups.accumulators`).
-    pub fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
-        if !self.fires() {
-            groups.accumulators = self.add(groups, events)?;
-            return self.finish(groups);
-        }
+    /// Fold the groups' events and finish their windows, which close, in one call
+    /// (`fire.add-and-finish`); refused when the plugin does not export `fire`.
+    pub fn add_and_finish(&mut self, groups: &Groups, events: &Events) -> Result<Vec<Emitted>> {
         let out = self.call("add-and-finish", |i, store| {
-            i.add_and_finish(store, groups, events).unwrap_or_else(|| Ok(Err("no fire export".into())))
+            i.add_and_finish(store, groups, events)
+                .unwrap_or_else(|| Ok(Err("the plugin does not export fire".into())))
         })?;
         self.check_emitted("add-and-finish", out, groups)
     }

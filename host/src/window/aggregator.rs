@@ -16,12 +16,17 @@ pub trait Aggregator: Send {
     fn merge(&mut self, left: &Packed, right: &Packed) -> Result<Packed>;
     /// The results of the groups' windows.
     fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>>;
+    /// Whether the logic folds and finishes closing windows in one call (a plugin that
+    /// exports `fire`): then the window operator uses [`Aggregator::add_and_finish`].
+    fn fires(&self) -> bool {
+        false
+    }
     /// Fold each group's events into its accumulator and give the results of the groups'
-    /// windows, which close (their accumulators are not kept): `add`, then `finish` of its
-    /// accumulators, which replace `groups.accumulators`; one call where the logic has it.
+    /// windows, which close (their accumulators are not kept): what `add`, then `finish`
+    /// of its accumulators gives (which is what this does where the logic has no call of
+    /// its own; the accumulators replace `groups.accumulators`).
     fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
-        groups.accumulators = self.add(groups, events)?;
-        self.finish(groups)
+        add_then_finish(self, groups, events)
     }
     /// Accumulators of state schema `from` in this logic's schema.
     fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed>;
@@ -54,8 +59,16 @@ impl Aggregator for Plugin {
         Plugin::finish(self, groups)
     }
 
+    fn fires(&self) -> bool {
+        Plugin::fires(self)
+    }
+
     fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
-        Plugin::add_and_finish(self, groups, events)
+        if Plugin::fires(self) {
+            Plugin::add_and_finish(self, groups, events)
+        } else {
+            add_then_finish(self, groups, events)
+        }
     }
 
     fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed> {
@@ -69,4 +82,14 @@ impl Aggregator for Plugin {
     fn calls(&self) -> CallStats {
         Plugin::calls(self).clone()
     }
+}
+
+/// [`Aggregator::add_and_finish`] in two calls.
+fn add_then_finish<A: Aggregator + ?Sized>(
+    a: &mut A,
+    groups: &mut Groups,
+    events: &Events,
+) -> Result<Vec<Emitted>> {
+    groups.accumulators = a.add(groups, events)?;
+    a.finish(groups)
 }

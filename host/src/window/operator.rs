@@ -35,6 +35,10 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// Largest result record a plugin may emit (its JSON text).
 pub const MAX_RESULT_BYTES: usize = 1 << 20;
 
+/// Firings that take two calls (`add`, then `finish`) after a fault in one
+/// (`add-and-finish`).
+const FIRE_PAUSE: u32 = 64;
+
 /// What one aggregation did, cumulative across savepoint resumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatorCounters {
@@ -174,6 +178,8 @@ pub struct WindowOperator {
     /// that fire, and [`place_by_rank`]'s.
     fired_slots: Vec<(u32, Window, (i64, SlotHandle))>,
     placed_slots: Vec<(u32, Window, (i64, SlotHandle))>,
+    /// Firings left that take two calls after a fault in one (see [`Self::fire_closing`]).
+    fire_paused: u32,
     counters: OperatorCounters,
     /// Slots removed since the last checkpoint (encoded key, slot id), when a backend
     /// keeps an incremental copy.
@@ -233,6 +239,7 @@ impl WindowOperator {
             placed: Vec::new(),
             fired_slots: Vec::new(),
             placed_slots: Vec::new(),
+            fire_paused: 0,
             counters: OperatorCounters::default(),
             removed: None,
             on_error: OnError::default(),
@@ -981,16 +988,19 @@ impl WindowOperator {
             self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
             return Ok(());
         }
-        // Staged rows of the complete slots reach the accumulators before they fire or
-        // end (see `flush_before_firing`). Popping timers reads only windows, which a
-        // flush keeps. Every slot it takes has a timer due now (or had one popped
-        // already), so when slots end as they fire, all it takes are dropped below.
-        // Tumbling windows of an unordered plugin that end as they fire, when no slot ends
-        // without firing: every complete slot is among the fires, and its rows and its
-        // firing go in one call (`fire_closing`).
-        let in_one_call =
-            self.fire_cleans_up() && self.assigner.periodic() && !self.batch.ordered() && cleanups.is_empty();
+        // Tumbling windows of an unordered plugin that folds and finishes in one call, that
+        // end as they fire, when no slot ends without firing: every complete slot is among
+        // the fires, and its rows and its firing go in one call (`fire_closing`).
+        let in_one_call = self.fire_cleans_up()
+            && self.assigner.periodic()
+            && !self.batch.ordered()
+            && cleanups.is_empty()
+            && self.plugin.fires();
         if !(in_one_call && self.fire_closing(&fires, out)?) {
+            // Staged rows of the complete slots reach the accumulators before they fire or
+            // end (see `flush_before_firing`). Popping timers reads only windows, which a
+            // flush keeps. Every slot it takes has a timer due now (or had one popped
+            // already), so when slots end as they fire, all it takes are dropped below.
             self.handing_over_to_close = self.fire_cleans_up();
             let flushed = self.flush_before_firing(wm);
             self.handing_over_to_close = false;
@@ -1069,10 +1079,17 @@ impl WindowOperator {
     /// Tumbling windows of an unordered plugin that end as they fire: each window's staged
     /// rows, its accumulator and its firing in one call ([`Aggregator::add_and_finish`]),
     /// laid out once, in the order of the results; nothing is written back (the slots
-    /// end). False, with nothing changed, when the windows are more than a call takes, or
-    /// after a fault (the plugin is fresh again): then the rows are handed over and the
-    /// windows finished in two calls, which isolate a fault to its groups or windows.
+    /// end). False, with the slots and staged rows as they were, when the windows are
+    /// more than a call takes, or after a fault that `on_error` dead-letters (the plugin is
+    /// fresh again): then the rows are handed over and the windows finished in two calls,
+    /// which isolate a fault to its groups or windows; so do the next [`FIRE_PAUSE`]
+    /// firings (a fault that comes back, or a call too long for the time limit, is not
+    /// paid for twice every time).
     fn fire_closing(&mut self, fires: &[(u32, i64)], out: &mut Vec<Emitted>) -> Result<bool> {
+        if self.fire_paused > 0 {
+            self.fire_paused -= 1;
+            return Ok(false);
+        }
         if fires.len() > self.batch_size {
             return Ok(false);
         }
@@ -1104,9 +1121,10 @@ impl WindowOperator {
         self.batch.assemble_slots(windows.iter().map(|&(k, _, (id, h))| (k, id, h)), &self.keys, &self.state);
         let emitted = match self.plugin.add_and_finish(&mut self.batch.groups, &self.batch.events) {
             Ok(e) => e,
-            Err(e @ Error::PluginCall { .. }) => {
+            Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
                 tracing::warn!(error = %e, "plugin fault in add-and-finish: handing over and finishing apart");
                 self.plugin.reset()?;
+                self.fire_paused = FIRE_PAUSE;
                 self.fired_slots = windows;
                 return Ok(false);
             }
@@ -1117,20 +1135,23 @@ impl WindowOperator {
             self.drop_slot(k, id);
         }
         self.counters.windows_fired += windows.len() as u64;
-        self.write_results(emitted, &windows, Some(CallGroups::Batch), out)?;
+        let groups = &self.batch.groups;
+        let keyed = groups.keys.ends.len() == windows.len() * groups.key_arity as usize;
+        self.write_results(emitted, &windows, keyed.then_some(CallGroups::Batch), out)?;
         windows.clear();
         self.fired_slots = windows;
         Ok(true)
     }
 
-    /// Write the records a call gave for `windows` (its groups, in order); `keys`: where the
-    /// call's groups still are, to read a window's key fields from (None: from the key
-    /// table). A value that is not one JSON object is dead-lettered or fails the job.
+    /// Write the records a call gave for `windows` (its groups, in order); `key_source`:
+    /// where the call's groups still are, each key with the pipeline's number of fields, to
+    /// read a window's key fields from (None: from the key table). A value that is not one
+    /// JSON object is dead-lettered or fails the job.
     fn write_results<T>(
         &mut self,
         emitted: Vec<crate::plugin::Emitted>,
         windows: &[(u32, Window, T)],
-        keys: Option<CallGroups>,
+        key_source: Option<CallGroups>,
         out: &mut Vec<Emitted>,
     ) -> Result<()> {
         for e in emitted {
@@ -1151,7 +1172,7 @@ impl WindowOperator {
             };
             // The key's fields as the call had them (read in call order, recently
             // written) rather than from the key table (a cache miss per result).
-            let key = match keys {
+            let key = match key_source {
                 Some(from) => {
                     let groups = match from {
                         CallGroups::Finish => &self.fire_groups,

@@ -113,11 +113,11 @@ impl Aggregator for Times {
             .collect())
     }
 
+    fn fires(&self) -> bool {
+        self.fires
+    }
+
     fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
-        if !self.fires {
-            groups.accumulators = self.add(groups, events)?;
-            return self.finish(groups);
-        }
         self.fused += 1;
         self.log.lock().unwrap().push("add-and-finish");
         if events.event_time.contains(&FAULTY) {
@@ -459,8 +459,8 @@ fn windows_that_end_as_they_fire_are_folded_and_finished_in_one_call_and_after_a
     // 10, [0,10) fires: a's accumulator [1] with its row 3, and b's row 2, in one call.
     // [10,20) holds a's 12 and b's 13 (faulty): that call fails and changes nothing; the
     // rows go to `add`, which fails, then one group at a time (b's 13 is rejected, b's
-    // window has nothing left to fire), and `finish` fires a's. With allowed lateness the
-    // windows stay after they fire: two calls.
+    // window has nothing left to fire), and `finish` fires a's; so do the next firings.
+    // With allowed lateness the windows stay after they fire: two calls.
     let result = |out: Vec<super::operator::Emitted>| -> Vec<(String, String)> {
         out.into_iter().map(|e| (e.key, e.value.unwrap_or_default())).collect()
     };
@@ -499,6 +499,12 @@ fn windows_that_end_as_they_fire_are_folded_and_finished_in_one_call_and_after_a
     // The failed call, `add` of both groups, of a, of b, and `finish`.
     assert_eq!((op.staged(), op.keys()), (0, 0));
     assert_eq!(calls(&log), ["add-and-finish", "add", "add", "add", "finish"]);
+    // After a fault, the next firings take the two calls.
+    let mut out = Vec::new();
+    op.on_event(&key(b"a"), 25, NONE, &[], &mut out).unwrap();
+    op.advance(30, &mut out).unwrap();
+    assert_eq!(result(out), [("20|a".to_string(), r#"{"times":[25]}"#.to_string())]);
+    assert_eq!(calls(&log), ["add", "finish"]);
 
     let spec = WindowSpec { kind: WindowKind::Tumbling { size_ms: 10 }, allowed_lateness_ms: 5 };
     let (plugin, log) = times_firing(false, true);
@@ -508,4 +514,36 @@ fn windows_that_end_as_they_fire_are_folded_and_finished_in_one_call_and_after_a
     op.advance(10, &mut out).unwrap();
     assert_eq!(result(out), [("0|a".to_string(), r#"{"times":[1]}"#.to_string())]);
     assert_eq!(calls(&log), ["add", "finish"]);
+
+    // Without allowed lateness, but: more windows fire than a call takes (batch size 1,
+    // so every row is handed over as it comes); a plugin that has no such call.
+    for (batch_size, fires) in [(1, true), (1024, false)] {
+        let spec = WindowSpec { kind: WindowKind::Tumbling { size_ms: 10 }, allowed_lateness_ms: 0 };
+        let (plugin, log) = times_firing(false, fires);
+        let mut op = WindowOperator::new("w", false, &spec, plugin, batch_size, 1, Vec::new());
+        let mut out = Vec::new();
+        op.on_event(&key(b"a"), 1, NONE, &[], &mut out).unwrap();
+        op.on_event(&key(b"b"), 2, NONE, &[], &mut out).unwrap();
+        op.advance(10, &mut out).unwrap();
+        assert_eq!(
+            result(out),
+            [
+                ("0|a".to_string(), r#"{"times":[1]}"#.to_string()),
+                ("0|b".to_string(), r#"{"times":[2]}"#.to_string())
+            ]
+        );
+        let log = calls(&log);
+        assert!(log.contains(&"finish") && !log.contains(&"add-and-finish"), "{log:?}");
+    }
+
+    // With `on_error = "fail"` a fault in the one call stops the job, as one in `add` does.
+    let spec = WindowSpec { kind: WindowKind::Tumbling { size_ms: 10 }, allowed_lateness_ms: 0 };
+    let (plugin, log) = times_firing(false, true);
+    let mut op = WindowOperator::new("w", false, &spec, plugin, 1024, 1, Vec::new());
+    op.set_on_error(crate::plugin::OnError::Fail);
+    let mut out = Vec::new();
+    op.on_event(&key(b"a"), FAULTY, NONE, &[], &mut out).unwrap();
+    let err = op.advance(20, &mut out).unwrap_err().to_string();
+    assert!(err.contains("add-and-finish") && err.contains("faulty event"), "{err}");
+    assert_eq!(calls(&log), ["add-and-finish"]);
 }

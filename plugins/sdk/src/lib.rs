@@ -96,7 +96,10 @@ pub trait Aggregate: Sized + 'static {
     /// a pipeline whose `key` is shorter. 0: any.
     const KEY_FIELDS: u32 = 0;
 
-    /// The accumulator. `Default` is the fresh accumulator of a new window.
+    /// The accumulator. `Default` is the fresh accumulator of a new window. It must read
+    /// back (postcard over serde) as it was written: a window that closes as it fires is
+    /// folded and finished in one call, without the accumulator being written in between
+    /// (the contract's `fire`).
     type Acc: Default + Serialize + DeserializeOwned;
 
     /// Build the plugin from the pipeline's `[plugin.config]`.

@@ -1159,13 +1159,7 @@ impl WindowOperator {
             let value = match self.check_value(e.value) {
                 Ok(v) => v,
                 Err(err) if self.on_error == OnError::DeadLetter => {
-                    let key = self.key_text(*k);
-                    self.rejected.push(Rejected {
-                        key,
-                        window: *w,
-                        event_times: Vec::new(),
-                        reason: err.to_string(),
-                    });
+                    self.reject_window(*k, *w, &err);
                     continue;
                 }
                 Err(err) => return Err(err),
@@ -1189,6 +1183,12 @@ impl WindowOperator {
             out.push(Emitted { key, value: Some(value) });
         }
         Ok(())
+    }
+
+    /// Dead-letter a window's result (no event of it): `reason` says why.
+    fn reject_window(&mut self, k: u32, window: Window, reason: &Error) {
+        let key = self.key_text(k);
+        self.rejected.push(Rejected { key, window, event_times: Vec::new(), reason: reason.to_string() });
     }
 
     /// The key a window's results are written under: `[<aggregation>|]<start>|<key fields>`.
@@ -1230,13 +1230,7 @@ impl WindowOperator {
                 })),
                 Err(e @ Error::PluginCall { .. }) => {
                     self.plugin.reset()?;
-                    let key = self.key_text(*k);
-                    self.rejected.push(Rejected {
-                        key,
-                        window: *w,
-                        event_times: Vec::new(),
-                        reason: e.to_string(),
-                    });
+                    self.reject_window(*k, *w, &e);
                 }
                 Err(e) => return Err(e),
             }

@@ -63,6 +63,17 @@ fn decode(acc: &[u8]) -> Vec<i64> {
     acc.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())).collect()
 }
 
+impl Times {
+    /// Log a call; it fails on an event at [`FAULTY`].
+    fn called(&self, call: &'static str, events: &Events) -> Result<()> {
+        self.log.lock().unwrap().push(call);
+        if events.event_time.contains(&FAULTY) {
+            return Err(Error::PluginCall { plugin: "times".into(), call, message: "faulty event".into() });
+        }
+        Ok(())
+    }
+}
+
 impl Aggregator for Times {
     fn info(&self) -> &PluginInfo {
         &self.info
@@ -74,14 +85,7 @@ impl Aggregator for Times {
 
     fn add(&mut self, groups: &Groups, events: &Events) -> Result<Packed> {
         self.adds += 1;
-        self.log.lock().unwrap().push("add");
-        if events.event_time.contains(&FAULTY) {
-            return Err(Error::PluginCall {
-                plugin: "times".into(),
-                call: "add",
-                message: "faulty event".into(),
-            });
-        }
+        self.called("add", events)?;
         let mut out = crate::plugin::empty_packed();
         let mut start = 0;
         for (g, &end) in events.group_ends.iter().enumerate() {
@@ -119,14 +123,7 @@ impl Aggregator for Times {
 
     fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
         self.fused += 1;
-        self.log.lock().unwrap().push("add-and-finish");
-        if events.event_time.contains(&FAULTY) {
-            return Err(Error::PluginCall {
-                plugin: "times".into(),
-                call: "add-and-finish",
-                message: "faulty event".into(),
-            });
-        }
+        self.called("add-and-finish", events)?;
         let mut start = 0;
         let mut out = Vec::new();
         for (g, &end) in events.group_ends.iter().enumerate() {

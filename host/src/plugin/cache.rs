@@ -11,6 +11,11 @@
 //! damaged, unreadable) means compiling again and replacing it. Artifacts are native
 //! code: the folder is private to its owner (0700), and a folder that others can write
 //! is not used at all.
+//!
+//! The folder is bounded: after an artifact is written, the least recently used ones go
+//! (a hit marks an artifact used) until the artifacts take at most [`max_bytes`]
+//! (`$KM0_CACHE_MAX_MB`, 2 GiB by default; an 18 MB Python component compiles to ~37 MB,
+//! and every rebuilt plugin is a new component).
 
 use crate::pipeline::hex;
 use sha2::{Digest, Sha256};
@@ -64,7 +69,10 @@ pub fn load(engine: &Engine, dir: Option<&Path>, wasm: &[u8]) -> wasmtime::Resul
             // so), unchanged since, in a folder only its owner can write. Wasmtime checks
             // the header's version and settings again on top of that.
             match unsafe { Component::deserialize(engine, &bytes) } {
-                Ok(c) => return Ok(c),
+                Ok(c) => {
+                    mark_used(&artifact);
+                    return Ok(c);
+                }
                 Err(e) => {
                     tracing::warn!(artifact = %artifact.display(), error = %e, "cached component rejected")
                 }
@@ -74,10 +82,51 @@ pub fn load(engine: &Engine, dir: Option<&Path>, wasm: &[u8]) -> wasmtime::Resul
     let bytes = engine.precompile_component(wasm)?;
     // SAFETY: the bytes were produced just now by this engine.
     let component = unsafe { Component::deserialize(engine, &bytes)? };
-    if let Err(e) = store(dir, &key, &bytes, &seal(&bytes)) {
-        tracing::warn!(dir = %dir.display(), error = %e, "could not cache the compiled component");
+    match store(dir, &key, &bytes, &seal(&bytes)) {
+        Ok(()) => evict(dir, max_bytes(), &key),
+        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "could not cache the compiled component"),
     }
     Ok(component)
+}
+
+/// The most bytes of artifacts the folder keeps: `$KM0_CACHE_MAX_MB` MiB, 2 GiB by default.
+fn max_bytes() -> u64 {
+    std::env::var("KM0_CACHE_MAX_MB").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(2048) << 20
+}
+
+/// Note that an artifact was used (its modification time), for [`evict`].
+fn mark_used(artifact: &Path) {
+    if let Ok(f) = std::fs::File::options().append(true).open(artifact) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
+/// Remove the least recently used artifacts (and their seals), never `keep`, until those
+/// left take at most `max` bytes. What cannot be read or removed is left alone.
+fn evict(dir: &Path, max: u64, keep: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut artifacts: Vec<(std::time::SystemTime, u64, String)> = entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let key = e.file_name().to_str()?.strip_suffix(".cwasm")?.to_string();
+            let meta = e.metadata().ok()?;
+            Some((meta.modified().ok()?, meta.len(), key))
+        })
+        .collect();
+    let mut total: u64 = artifacts.iter().map(|a| a.1).sum();
+    artifacts.sort();
+    for (_, len, key) in artifacts {
+        if total <= max {
+            break;
+        }
+        if key == keep {
+            continue;
+        }
+        if std::fs::remove_file(dir.join(format!("{key}.cwasm"))).is_ok() {
+            let _ = std::fs::remove_file(dir.join(format!("{key}.sha256")));
+            total -= len;
+        }
+    }
 }
 
 fn store(dir: &Path, key: &str, bytes: &[u8], seal: &str) -> std::io::Result<()> {
@@ -116,4 +165,44 @@ fn private_dir(dir: &Path) -> bool {
         );
     }
     private
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn the_least_recently_used_artifacts_go_until_the_rest_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = SystemTime::now() - Duration::from_secs(3600);
+        // Artifacts a..e of 100 bytes, used in that order; d again last; e just written.
+        for (i, key) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+            let path = dir.path().join(format!("{key}.cwasm"));
+            std::fs::write(&path, [0u8; 100]).unwrap();
+            std::fs::write(dir.path().join(format!("{key}.sha256")), "seal").unwrap();
+            let f = std::fs::File::options().append(true).open(&path).unwrap();
+            f.set_modified(t0 + Duration::from_secs(60 * i as u64)).unwrap();
+        }
+        mark_used(&dir.path().join("d.cwasm"));
+        std::fs::write(dir.path().join("notes.txt"), [0u8; 1000]).unwrap();
+        let left = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            names
+        };
+        // 250 bytes may stay: a, b and c go, the least recently used (d's new use keeps
+        // it); other files do not count and stay.
+        evict(dir.path(), 250, "e");
+        assert_eq!(left(), ["d.cwasm", "d.sha256", "e.cwasm", "e.sha256", "notes.txt"]);
+        // Under the bound: nothing goes.
+        evict(dir.path(), 1000, "e");
+        assert_eq!(left().len(), 5);
+        // The artifact just written stays, even when it is older than another.
+        evict(dir.path(), 150, "e");
+        assert_eq!(left(), ["e.cwasm", "e.sha256", "notes.txt"]);
+    }
 }

@@ -50,6 +50,14 @@ const SEARCH: usize = 1 << 20;
 const PREFETCH_AHEAD: usize = 1024;
 const PREFETCH_LINES: usize = 3;
 
+/// How far behind a record the reader tells the processor that the lines it read may
+/// leave the core's caches (CLDEMOTE, a hint; a NOP on processors without it). The input
+/// streams through the core's 2 MiB L2 at ~190 bytes a record, and pushes out the key
+/// index and window state that the next records look up (with 10 000 keys, ~1.9 MB of
+/// input pass between two records of one key): demoted, the input goes to the shared
+/// cache first. +2% on 10 000 keys (interleaved, 10 runs each).
+const DEMOTE_BEHIND: usize = 512;
+
 /// The file shrank under its mapping.
 #[derive(Debug)]
 pub struct Shrank;
@@ -167,6 +175,28 @@ impl Mapped {
     #[inline(always)]
     pub fn prefetch_ahead(&self, from: usize) {
         self.prefetch(from.saturating_add(PREFETCH_AHEAD));
+        self.demote(from.wrapping_sub(DEMOTE_BEHIND));
+    }
+
+    /// Tell the processor that the cache lines at `at` (read already) may leave this
+    /// core's caches for the shared one (see [`DEMOTE_BEHIND`]).
+    #[inline(always)]
+    fn demote(&self, at: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if at < self.len {
+            let p = self.ptr.as_ptr().wrapping_add(at);
+            for line in 0..PREFETCH_LINES {
+                // SAFETY: CLDEMOTE is a hint, encoded as a NOP on processors without it: it
+                // reads and writes nothing the program sees, and never faults.
+                unsafe {
+                    std::arch::asm!(
+                        "cldemote [{0}]",
+                        in(reg) p.wrapping_add(64 * line),
+                        options(nostack, preserves_flags, readonly)
+                    );
+                }
+            }
+        }
     }
 
     /// Ask for the cache lines at `at` (within the mapping) ahead of their reading.

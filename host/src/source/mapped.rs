@@ -107,22 +107,19 @@ impl Mapped {
         }
         let _claim = CLAIM.lock().ok()?;
         let region = TABLE.iter().position(|r| r.start.load(Ordering::Acquire) == 0)?;
-        // SAFETY: a fresh read-only private mapping of an open file; the kernel picks the
-        // address. Accesses past a shrunken end are caught by `on_sigbus`.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
+        // A fresh read-only private mapping of the open file, at an address the kernel can
+        // map its 2 MiB folios at. Accesses past a shrunken end are caught by `on_sigbus`.
+        let p = map_aligned(&file, len)?;
         let ptr = NonNull::new(p.cast::<u8>())?;
         // SAFETY: advice on the mapping just made; failure is harmless (an old kernel, a
         // file system without large folios: pages as they come).
-        // Huge pages: what the kernel reads ahead for this mapping it keeps in 2 MiB folios
-        // and maps one at a time, instead of 512 page-table entries set and then cleared
-        // again by `release`. On 1 000 keys, a file read from disk cost 7% less CPU, and
-        // every later run over it (the folios stay in the page cache) 3% less; a file just
-        // written (its folios are the writer's) about 1% less.
+        // Huge pages: what the kernel reads ahead for this mapping it keeps in 2 MiB folios,
+        // and (the mapping being aligned to them: `map_aligned`) maps one at a time,
+        // instead of 512 page-table entries set and then cleared again by `release`. On
+        // 1 000 keys, a file read from disk cost 7% less CPU, and every later run over it
+        // (the folios stay in the page cache) 3% less; a file just written (its folios are
+        // the writer's) about 1% less. The alignment: +1.5% on 10 000 keys (without it the
+        // kernel mapped none of the folios whole: `FilePmdMapped` stayed 0).
         unsafe {
             libc::madvise(p, len, libc::MADV_SEQUENTIAL);
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
@@ -380,4 +377,60 @@ fn mend(addr: usize) -> bool {
         }
     }
     false
+}
+
+/// Huge pages: the mapping's start is a multiple of 2 MiB, as the file's offset 0 is, so
+/// that a 2 MiB folio of the file's page cache can be mapped by one page-table entry.
+const HUGE: usize = 2 << 20;
+
+/// Map `len` bytes of `file` read-only at an address that is a multiple of [`HUGE`]:
+/// reserve `len + HUGE` bytes of address space, map the file over its first aligned part,
+/// give back the rest. None when the kernel refuses.
+fn map_aligned(file: &File, len: usize) -> Option<*mut libc::c_void> {
+    let page = PAGE.load(Ordering::Relaxed);
+    let span = len.div_ceil(page) * page;
+    // SAFETY: a fresh reservation (no access, no memory committed) the kernel places.
+    let reserved = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span + HUGE,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if reserved == libc::MAP_FAILED {
+        return None;
+    }
+    let start = reserved as usize;
+    let aligned = start.next_multiple_of(HUGE);
+    // SAFETY: `aligned..aligned + span` lies in the reservation just made, which nothing
+    // else uses: MAP_FIXED replaces that part of it with the file.
+    let p = unsafe {
+        libc::mmap(
+            aligned as *mut libc::c_void,
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_FIXED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    // SAFETY: the parts of the reservation before and after the file's mapping (or all of
+    // it, when the file could not be mapped) are ours to give back.
+    unsafe {
+        if p == libc::MAP_FAILED {
+            libc::munmap(reserved, span + HUGE);
+            return None;
+        }
+        if aligned > start {
+            libc::munmap(reserved, aligned - start);
+        }
+        let end = start + span + HUGE;
+        if aligned + span < end {
+            libc::munmap((aligned + span) as *mut libc::c_void, end - (aligned + span));
+        }
+    }
+    Some(p)
 }

@@ -82,16 +82,18 @@ pub fn load(engine: &Engine, dir: Option<&Path>, wasm: &[u8]) -> wasmtime::Resul
     let bytes = engine.precompile_component(wasm)?;
     // SAFETY: the bytes were produced just now by this engine.
     let component = unsafe { Component::deserialize(engine, &bytes)? };
-    match store(dir, &key, &bytes, &seal(&bytes)) {
-        Ok(()) => evict(dir, max_bytes(), &key),
-        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "could not cache the compiled component"),
+    // Room first (a full disk is the folder's to free), then the artifact.
+    evict(dir, max_bytes().saturating_sub(bytes.len() as u64), &key);
+    if let Err(e) = store(dir, &key, &bytes, &seal(&bytes)) {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not cache the compiled component");
     }
     Ok(component)
 }
 
 /// The most bytes of artifacts the folder keeps: `$KM0_CACHE_MAX_MB` MiB, 2 GiB by default.
 fn max_bytes() -> u64 {
-    std::env::var("KM0_CACHE_MAX_MB").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(2048) << 20
+    let mib = std::env::var("KM0_CACHE_MAX_MB").ok().and_then(|v| v.trim().parse::<u64>().ok());
+    mib.unwrap_or(2048).saturating_mul(1 << 20)
 }
 
 /// Note that an artifact was used (its modification time), for [`evict`].
@@ -102,14 +104,24 @@ fn mark_used(artifact: &Path) {
 }
 
 /// Remove the least recently used artifacts (and their seals), never `keep`, until those
-/// left take at most `max` bytes. What cannot be read or removed is left alone.
+/// left take at most `max` bytes; and the temporary files of writes that did not finish an
+/// hour ago (a process killed while writing). What cannot be read or removed is left alone;
+/// what another process removed first counts as removed.
 fn evict(dir: &Path, max: u64, keep: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let stale = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     let mut artifacts: Vec<(std::time::SystemTime, u64, String)> = entries
         .filter_map(|e| {
             let e = e.ok()?;
-            let key = e.file_name().to_str()?.strip_suffix(".cwasm")?.to_string();
+            let name = e.file_name().to_str()?.to_string();
             let meta = e.metadata().ok()?;
+            if name.starts_with('.') && (name.ends_with(".tmp") || name.ends_with(".sha")) {
+                if meta.modified().is_ok_and(|t| t < stale) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                return None;
+            }
+            let key = name.strip_suffix(".cwasm")?.to_string();
             Some((meta.modified().ok()?, meta.len(), key))
         })
         .collect();
@@ -122,7 +134,11 @@ fn evict(dir: &Path, max: u64, keep: &str) {
         if key == keep {
             continue;
         }
-        if std::fs::remove_file(dir.join(format!("{key}.cwasm"))).is_ok() {
+        let removed = match std::fs::remove_file(dir.join(format!("{key}.cwasm"))) {
+            Ok(()) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        };
+        if removed {
             let _ = std::fs::remove_file(dir.join(format!("{key}.sha256")));
             total -= len;
         }
@@ -130,12 +146,19 @@ fn evict(dir: &Path, max: u64, keep: &str) {
 }
 
 fn store(dir: &Path, key: &str, bytes: &[u8], seal: &str) -> std::io::Result<()> {
-    let tmp = dir.join(format!(".{key}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, dir.join(format!("{key}.cwasm")))?;
-    let tmp = dir.join(format!(".{key}.{}.sha", std::process::id()));
-    std::fs::write(&tmp, seal)?;
-    std::fs::rename(&tmp, dir.join(format!("{key}.sha256")))
+    let put = |tmp: PathBuf, data: &[u8], to: PathBuf| {
+        let written = std::fs::write(&tmp, data).and_then(|()| std::fs::rename(&tmp, to));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
+    };
+    put(dir.join(format!(".{key}.{}.tmp", std::process::id())), bytes, dir.join(format!("{key}.cwasm")))?;
+    put(
+        dir.join(format!(".{key}.{}.sha", std::process::id())),
+        seal.as_bytes(),
+        dir.join(format!("{key}.sha256")),
+    )
 }
 
 /// Create the cache folder private (0700) if missing; true when it exists, is owned by
@@ -186,6 +209,13 @@ mod tests {
         }
         mark_used(&dir.path().join("d.cwasm"));
         std::fs::write(dir.path().join("notes.txt"), [0u8; 1000]).unwrap();
+        // A write a killed process left two hours ago goes; one under way stays.
+        for (name, age) in [(".x.1.tmp", 7200), (".y.2.tmp", 0)] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, [0u8; 10]).unwrap();
+            let f = std::fs::File::options().append(true).open(&path).unwrap();
+            f.set_modified(SystemTime::now() - Duration::from_secs(age)).unwrap();
+        }
         let left = || {
             let mut names: Vec<String> = std::fs::read_dir(dir.path())
                 .unwrap()
@@ -197,12 +227,12 @@ mod tests {
         // 250 bytes may stay: a, b and c go, the least recently used (d's new use keeps
         // it); other files do not count and stay.
         evict(dir.path(), 250, "e");
-        assert_eq!(left(), ["d.cwasm", "d.sha256", "e.cwasm", "e.sha256", "notes.txt"]);
+        assert_eq!(left(), [".y.2.tmp", "d.cwasm", "d.sha256", "e.cwasm", "e.sha256", "notes.txt"]);
         // Under the bound: nothing goes.
         evict(dir.path(), 1000, "e");
-        assert_eq!(left().len(), 5);
+        assert_eq!(left().len(), 6);
         // The artifact just written stays, even when it is older than another.
         evict(dir.path(), 150, "e");
-        assert_eq!(left(), ["e.cwasm", "e.sha256", "notes.txt"]);
+        assert_eq!(left(), [".y.2.tmp", "e.cwasm", "e.sha256", "notes.txt"]);
     }
 }

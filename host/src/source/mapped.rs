@@ -248,8 +248,13 @@ impl Mapped {
     #[cold]
     #[inline(never)]
     fn release(&mut self, offset: usize) {
-        let page = PAGE.load(Ordering::Relaxed);
-        let upto = offset / page * page;
+        // Whole 2 MiB pages (the mapping starts at a multiple of them, or of the page
+        // size): giving back part of one would split it into small pages first.
+        let unit = PAGE.load(Ordering::Relaxed).max(HUGE);
+        let upto = offset / unit * unit;
+        if upto <= self.released {
+            return;
+        }
         // SAFETY: the range lies in the mapping and page-aligned; bytes before `offset`
         // are not read again (a read would fault them back in from the file).
         unsafe {
@@ -383,10 +388,19 @@ fn mend(addr: usize) -> bool {
 /// that a 2 MiB folio of the file's page cache can be mapped by one page-table entry.
 const HUGE: usize = 2 << 20;
 
-/// Map `len` bytes of `file` read-only at an address that is a multiple of [`HUGE`]:
-/// reserve `len + HUGE` bytes of address space, map the file over its first aligned part,
-/// give back the rest. None when the kernel refuses.
+/// Map `len` bytes of `file` read-only, at an address that is a multiple of [`HUGE`] when
+/// it can be had: reserve `len + HUGE` bytes of address space, map the file over its first
+/// aligned part, give back the rest; else where the kernel puts it. None when the kernel
+/// refuses.
 fn map_aligned(file: &File, len: usize) -> Option<*mut libc::c_void> {
+    let anywhere = || {
+        // SAFETY: a fresh read-only private mapping of an open file; the kernel picks the
+        // address.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0)
+        };
+        (p != libc::MAP_FAILED).then_some(p)
+    };
     let page = PAGE.load(Ordering::Relaxed);
     let span = len.div_ceil(page) * page;
     // SAFETY: a fresh reservation (no access, no memory committed) the kernel places.
@@ -401,7 +415,7 @@ fn map_aligned(file: &File, len: usize) -> Option<*mut libc::c_void> {
         )
     };
     if reserved == libc::MAP_FAILED {
-        return None;
+        return anywhere();
     }
     let start = reserved as usize;
     let aligned = start.next_multiple_of(HUGE);
@@ -417,13 +431,10 @@ fn map_aligned(file: &File, len: usize) -> Option<*mut libc::c_void> {
             0,
         )
     };
-    // SAFETY: the parts of the reservation before and after the file's mapping (or all of
-    // it, when the file could not be mapped) are ours to give back.
+    // SAFETY: the parts of the reservation before and after the file's place are ours to
+    // give back. (When the file could not be mapped, its place is left reserved: a kernel
+    // may have cleared it already, and another thread's mapping may have taken it since.)
     unsafe {
-        if p == libc::MAP_FAILED {
-            libc::munmap(reserved, span + HUGE);
-            return None;
-        }
         if aligned > start {
             libc::munmap(reserved, aligned - start);
         }
@@ -431,6 +442,9 @@ fn map_aligned(file: &File, len: usize) -> Option<*mut libc::c_void> {
         if aligned + span < end {
             libc::munmap((aligned + span) as *mut libc::c_void, end - (aligned + span));
         }
+    }
+    if p == libc::MAP_FAILED {
+        return anywhere();
     }
     Some(p)
 }

@@ -12,8 +12,8 @@
 //! code: the folder is private to its owner (0700), and a folder that others can write
 //! is not used at all.
 //!
-//! The folder is bounded: after an artifact is written, the least recently used ones go
-//! (a hit marks an artifact used) until the artifacts take at most [`max_bytes`]
+//! The folder is bounded: before an artifact is written, the least recently used ones go
+//! (a hit marks an artifact used) until it fits in [`max_bytes`]
 //! (`$KM0_CACHE_MAX_MB`, 2 GiB by default; an 18 MB Python component compiles to ~37 MB,
 //! and every rebuilt plugin is a new component).
 

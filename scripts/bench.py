@@ -15,7 +15,8 @@ are its own:
     once it has read everything (nothing fired yet), with ~1M and ~250k open windows:
     the difference over the difference in windows;
   - Kafka -> km0 -> Kafka against a local tansu broker (tests/bench_kafka.rs): km0's own
-    CPU per record. Skipped, and said so, without tansu (KM0_TANSU or scripts/install-tansu.sh).
+    CPU per record. Skipped, and said so, without tansu (KM0_TANSU, else the folder
+    scripts/install-tansu.sh installs into, else `tansu` on PATH).
 
   scripts/bench.py [--quick] [--only throughput,windows,kafka]
   (--quick: smaller streams, for a smoke run; --only: some groups of cases)
@@ -193,11 +194,21 @@ def memory_per_window(work, keys, products, events):
         f"resident set with {big_windows} and {small_windows} open windows")
 
 
+def tansu():
+    """The broker: KM0_TANSU, else where scripts/install-tansu.sh puts it, else on PATH."""
+    if os.environ.get("KM0_TANSU"):
+        return os.environ["KM0_TANSU"]
+    tools = os.environ.get("KM0_TOOLS") or os.path.expanduser("~/.cache/km0-tools")
+    installed = os.path.join(tools, "tansu-0.6.0", "bin", "tansu")
+    return installed if os.access(installed, os.X_OK) else shutil.which("tansu")
+
+
 def kafka():
-    if not os.environ.get("KM0_TANSU") and not shutil.which("tansu"):
+    broker = tansu()
+    if not broker:
         row("Kafka -> km0 -> Kafka, km0 CPU per record", "skipped", "(no tansu)", "<= 0.8", "")
         return
-    env = dict(os.environ, KM0_BENCH_EVENTS=str(1_000_000 // SCALE), CARGO_TARGET_DIR=TARGET)
+    env = dict(os.environ, KM0_BENCH_EVENTS=str(1_000_000 // SCALE), CARGO_TARGET_DIR=TARGET, KM0_TANSU=broker)
     out, _ = run(["cargo", "bench", "--locked", "-q", "-p", "km0-e2e", "--bench", "kafka"], cwd=ROOT, env=env)
     rate = grab(r"\(([0-9]+) records per km0 CPU-second\)", out, "Kafka rate")
     row("Kafka -> km0 -> Kafka, km0 CPU per record", f"{1e6 / rate:.2f}", "µs", "<= 0.8",

@@ -197,10 +197,13 @@ def memory_per_window(work, keys, products, events):
 def tansu():
     """The broker: KM0_TANSU, else where scripts/install-tansu.sh puts it, else on PATH."""
     if os.environ.get("KM0_TANSU"):
-        return os.environ["KM0_TANSU"]
-    tools = os.environ.get("KM0_TOOLS") or os.path.expanduser("~/.cache/km0-tools")
-    installed = os.path.join(tools, "tansu-0.6.0", "bin", "tansu")
-    return installed if os.access(installed, os.X_OK) else shutil.which("tansu")
+        found = os.environ["KM0_TANSU"]
+    else:
+        tools = os.environ.get("KM0_TOOLS") or os.path.expanduser("~/.cache/km0-tools")
+        installed = os.path.join(tools, "tansu-0.6.0", "bin", "tansu")
+        found = installed if os.access(installed, os.X_OK) else shutil.which("tansu")
+    # Absolute: the bench runs in another folder.
+    return os.path.abspath(found) if found else None
 
 
 def kafka():

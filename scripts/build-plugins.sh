@@ -42,7 +42,13 @@ done
 
 # Plugins in JavaScript: componentize-js (npm), through its API (plugins/js/build.mjs).
 if [ -n "$(ls plugins/js/*/aggregate.js 2>/dev/null)" ]; then
-  km0_has_node || { echo "km0: node and npm are needed to build the JavaScript plugins (fix: apt-get install -y nodejs npm)" >&2; exit 1; }
+  if ! km0_has_node; then
+    echo "== installing node and npm (apt)"
+    km0_apt_install nodejs npm && km0_has_node || {
+      echo "km0: node and npm are needed to build the JavaScript plugins (fix: apt-get install -y nodejs npm)" >&2
+      exit 1
+    }
+  fi
   if [ ! -d plugins/js/node_modules/@bytecodealliance/componentize-js ]; then
     echo "== installing componentize-js (npm)"
     (cd plugins/js && npm install --silent --no-audit --no-fund)

@@ -17,7 +17,7 @@ else line MISSING wasm32-wasip2 "rustup target add wasm32-wasip2 (scripts/setup.
 if km0_has_componentize_py; then line ok componentize-py "$(componentize-py --version 2>/dev/null | head -n1) (Python plugins)"
 else line MISSING componentize-py "python3 -m pip install componentize-py==0.25.1 (scripts/build-plugins.sh)"; fi
 if km0_has_node; then line ok node/npm "node $(node --version) (JavaScript plugins)"
-else line MISSING node/npm "apt-get install -y nodejs npm"; fi
+else line MISSING node/npm "apt-get install -y nodejs npm (scripts/build-plugins.sh)"; fi
 if [ "${1:-}" != --build ]; then
   t=$(km0_tansu_bin)
   if [ -x "$t" ]; then line ok tansu "$t (Kafka tests)"

@@ -193,21 +193,6 @@ pub enum ResultSink {
     Postgres(postgres::PostgresSink),
 }
 
-/// Append `s` as a JSON string, what serde_json writes: between quotes as it is when
-/// nothing in it needs an escape (a quote, a backslash or a control character; result
-/// keys mostly), else through serde_json.
-fn push_json_str(line: &mut Vec<u8>, s: &str) -> Result<()> {
-    let plain = s.bytes().fold(true, |plain, c| plain & (c >= 0x20 && c != b'"' && c != b'\\'));
-    if plain {
-        line.reserve(s.len() + 2);
-        line.push(b'"');
-        line.extend_from_slice(s.as_bytes());
-        line.push(b'"');
-        return Ok(());
-    }
-    serde_json::to_writer(&mut *line, s).map_err(|err| Error::Usage(format!("encode result key: {err}")))
-}
-
 impl ResultSink {
     /// Write one result: its key (`window_start|key fields`) and its JSON value.
     /// `ordinal` numbers the job's results from 1 (the same result has the same ordinal
@@ -220,7 +205,7 @@ impl ResultSink {
             ResultSink::Jsonl(s) => {
                 line.clear();
                 line.extend_from_slice(b"{\"key\":");
-                push_json_str(line, key)?;
+                crate::source::json::push_json_str(line, key);
                 line.extend_from_slice(b",\"value\":");
                 line.extend_from_slice(value.unwrap_or("null").as_bytes());
                 line.push(b'}');
@@ -393,21 +378,6 @@ fn ensure_parent(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_are_written_as_serde_json_writes_them() {
-        let mut texts: Vec<String> =
-            (0u8..0x80).map(|c| format!("1757844000000|a{}b|girona", c as char)).collect();
-        texts.extend(
-            ["", "plain|key", "año|ñandú|€", "\"quoted\"", "back\\slash", "tab\there", "\u{7f}\u{80}"]
-                .map(String::from),
-        );
-        for t in texts {
-            let mut line = Vec::new();
-            push_json_str(&mut line, &t).unwrap();
-            assert_eq!(String::from_utf8(line).unwrap(), serde_json::to_string(&t).unwrap(), "{t:?}");
-        }
-    }
 
     #[test]
     fn resume_truncates_to_the_committed_length() {

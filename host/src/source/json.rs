@@ -1054,6 +1054,11 @@ fn scalar<const LINE_BREAK: bool>(b: &[u8], i: usize) -> Result<(Scalar<'_>, usi
 /// [`MAX_DEPTH`] / 2 + 1 levels of nesting: a subset of what serde_json accepts, checked
 /// at this scanner's speed.
 pub fn is_compact_object(b: &[u8]) -> bool {
+    is_flat_object(b) || is_compact_nested(b)
+}
+
+/// [`is_compact_object`] for any object: whitespace, nesting, escapes, literals.
+fn is_compact_nested(b: &[u8]) -> bool {
     // In blocks without an early exit, which the compiler turns into vector compares.
     let control = |block: &[u8]| block.iter().fold(false, |found, &c| found | (c < 0x20));
     if b.first() != Some(&b'{') || b.chunks(64).any(control) {
@@ -1062,6 +1067,55 @@ pub fn is_compact_object(b: &[u8]) -> bool {
     match skip_value(b, 0, MAX_DEPTH / 2) {
         Ok(end) => b[end..].iter().all(|&c| c == b' '),
         Err(_) => false,
+    }
+}
+
+/// True when `b` is a flat compact object, `{"name":value,...}` or `{}`, whose names and
+/// values are strings without escapes or numbers, with nothing around it: most plugin
+/// results, checked without the general path's nesting, whitespace and escape handling
+/// (~4x fewer instructions). False says nothing: [`is_compact_object`] then decides.
+/// What it accepts, the general path accepts: a string ends at its first quote with no
+/// control character or backslash before it ([`find_stop`]), a number is
+/// [`number_span`]'s, and the structure is fixed, with no byte below 0x20 in it.
+#[inline]
+fn is_flat_object(b: &[u8]) -> bool {
+    // The string whose opening quote is at `i`: the index after its closing quote.
+    let plain_string = |i: usize| -> Option<usize> {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let end = find_stop(b, i + 1);
+        (b.get(end) == Some(&b'"')).then_some(end + 1)
+    };
+    if b.first() != Some(&b'{') {
+        return false;
+    }
+    if b.get(1) == Some(&b'}') {
+        return b.len() == 2;
+    }
+    let mut i = 1;
+    loop {
+        let Some(after_name) = plain_string(i) else { return false };
+        if b.get(after_name) != Some(&b':') {
+            return false;
+        }
+        i = after_name + 1;
+        i = match b.get(i) {
+            Some(b'"') => match plain_string(i) {
+                Some(next) => next,
+                None => return false,
+            },
+            Some(b'-' | b'0'..=b'9') => match number_span(b, i) {
+                Ok(span) => span.end,
+                Err(_) => return false,
+            },
+            _ => return false,
+        };
+        match b.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => return i + 1 == b.len(),
+            _ => return false,
+        }
     }
 }
 
@@ -1165,6 +1219,43 @@ pub fn unescape(raw: &[u8]) -> Result<String, DecodeError> {
         out.extend_from_slice(c.encode_utf8(&mut tmp).as_bytes());
     }
     String::from_utf8(out).map_err(|_| bad(0, "string is not valid UTF-8"))
+}
+
+/// Append `s` as a JSON string, byte for byte what serde_json writes: between quotes, with
+/// `"`, `\\` and the control characters escaped (`\b \f \n \r \t`, the others as
+/// `\u00xx`), everything else as it is. The runs between escapes are found sixteen bytes at
+/// a time ([`find_stop`]); serde_json looks at every byte through a table, which made a
+/// late event's line (the raw record, quoted) cost ~8 000 instructions.
+pub fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let b = s.as_bytes();
+    out.reserve(b.len() + 2);
+    out.push(b'"');
+    let mut from = 0;
+    loop {
+        let stop = find_stop(b, from);
+        out.extend_from_slice(&b[from..stop]);
+        let Some(&c) = b.get(stop) else { break };
+        match c {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            c => out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(c >> 4) as usize],
+                HEX[(c & 15) as usize],
+            ]),
+        }
+        from = stop + 1;
+    }
+    out.push(b'"');
 }
 
 #[cfg(test)]
@@ -1484,6 +1575,83 @@ mod tests {
     }
 
     #[test]
+    fn the_flat_object_check_accepts_only_what_the_general_one_accepts() {
+        // Objects built from pieces that are valid, almost valid or foreign (whitespace,
+        // escapes, nesting, literals, control characters, bad numbers), then cut or with a
+        // byte changed: whatever the flat check accepts, the general check and serde_json
+        // accept; and the flat check accepts the plain results it is for.
+        let names = ["\"a\"", "\"ventana_inicio\"", "\"\"", "\"é\"", "\"q\\\"\"", "a", "\"x\u{1}\""];
+        let values = [
+            "1",
+            "-0",
+            "1757844000000",
+            "1.5e-3",
+            "-",
+            "01",
+            "1.",
+            "\"queso\"",
+            "\"\"",
+            "\"a\\nb\"",
+            "\"tab\there\"",
+            "true",
+            "null",
+            "{}",
+            "[1]",
+            "\"€\"",
+            " 2",
+            "1e",
+        ];
+        let (mut flat, mut x) = (0, 0x2545_F491_4F6C_DD1Du64);
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as usize % n
+        };
+        for _ in 0..60_000 {
+            let fields = next(4);
+            let mut v = String::from("{");
+            for f in 0..fields {
+                if f > 0 {
+                    v.push_str([",", ",", ",", ", ", ";"][next(5)]);
+                }
+                v.push_str(names[next(names.len()) % if next(3) == 0 { names.len() } else { 2 }]);
+                v.push_str([":", ":", ":", " :"][next(4)]);
+                v.push_str(values[next(values.len()) % if next(2) == 0 { values.len() } else { 10 }]);
+            }
+            v.push_str(["}", "}", "}", "} ", "", "}}"][next(6)]);
+            let mut b = v.into_bytes();
+            match next(8) {
+                0 if !b.is_empty() => {
+                    let at = next(b.len());
+                    b[at] = [b'"', b'\\', b'}', b'{', b',', b':', b'\n', b'0', 0xc3][next(9)];
+                }
+                1 if !b.is_empty() => b.truncate(next(b.len())),
+                _ => {}
+            }
+            if is_flat_object(&b) {
+                flat += 1;
+                assert!(is_compact_nested(&b), "{}", String::from_utf8_lossy(&b));
+                assert!(
+                    serde_json::from_slice::<serde::de::IgnoredAny>(&b).is_ok(),
+                    "{}",
+                    String::from_utf8_lossy(&b)
+                );
+            }
+            assert_eq!(is_compact_object(&b), is_compact_nested(&b));
+        }
+        // The cases it is for: taken by the flat check.
+        assert!(flat > 5_000, "{flat}");
+        for v in [
+            r#"{"ventana_inicio":1757844000000,"ventana_fin":1757844300000,"producto":"pan-1","mercado":"reus","stock_minimo":-3,"actualizaciones":4}"#,
+            r#"{}"#,
+            r#"{"d":1.5e-3,"s":"año"}"#,
+        ] {
+            assert!(is_flat_object(v.as_bytes()), "{v}");
+        }
+    }
+
+    #[test]
     fn numbers_parse_to_what_the_standard_parser_gives() {
         // Independent reference: str::parse (correctly rounded), on hand-picked and
         // generated number texts, bit for bit.
@@ -1693,5 +1861,44 @@ mod tests {
             assert_eq!(out[0], Some(Scalar::Int(1)));
         }
         assert!(p.frames());
+    }
+
+    #[test]
+    fn strings_are_escaped_as_serde_json_escapes_them() {
+        // serde_json is the oracle: every character below 0x80 on its own, then strings
+        // of every length to 70 (the 16-byte, 8-byte and 1-byte paths of the stop search,
+        // and stops at every place in them) mixing plain ASCII, escapes and multi-byte
+        // characters, from a fixed-seed generator.
+        let mut out = Vec::new();
+        let mut check = |s: &str| {
+            out.clear();
+            push_json_str(&mut out, s);
+            assert_eq!(std::str::from_utf8(&out).unwrap(), serde_json::to_string(s).unwrap(), "{s:?}");
+        };
+        for c in 0u8..0x80 {
+            check(&(c as char).to_string());
+        }
+        check("");
+        let alphabet =
+            ['a', 'Z', ' ', '"', '\\', '\n', '\t', '\u{1}', '\u{1f}', '\u{7f}', 'é', '€', '😀', '/'];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for len in 0..70 {
+            for _ in 0..40 {
+                let s: String = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        // Mostly plain letters, so that long runs without a stop occur.
+                        if x % 4 == 0 {
+                            alphabet[(x >> 8) as usize % alphabet.len()]
+                        } else {
+                            'k'
+                        }
+                    })
+                    .collect();
+                check(&s);
+            }
+        }
     }
 }

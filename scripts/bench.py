@@ -7,7 +7,9 @@ are its own:
     the stock alert on the default stream (1 000 keys, 15 events per key and window) and
     on 10 000 keys (500 products x 20 markets: ~4 events per key and window and 1% late,
     the regime issue 16 sets, and a sparser 1.5; and over sliding windows, 5 minutes every
-    minute), and the delivery panel (140 and 5 000 riders);
+    minute), and the delivery panel (140 and 5 000 riders); on the 10 000-key input, a
+    plain native loop too (`km0 bench --reference`: serde_json and a hash map of windows),
+    the machine's yardstick, and km0's rate over it;
   - ~1M open keyed windows (1000 products x 1000 markets, every event in one 5-minute
     window), memory and RocksDB backends: the processing pause of one checkpoint, the
     recovery from it, and the process's peak RSS;
@@ -97,7 +99,7 @@ def throughput(work):
         (
             "stock alert, 10 000 keys",
             [stock, "--events", str(2_000_000 // SCALE), "--products", "500", "--markets", "20",
-             "--gap-ms", "8", "--late-fraction", "0.01"],
+             "--gap-ms", "8", "--late-fraction", "0.01", "--reference"],
             ">= 4",
         ),
         # Sparser: an event every 20 ms (1.5 per key and window), 0.2% late.
@@ -124,6 +126,14 @@ def throughput(work):
         out, _ = run([KM0, "bench", *args])
         rate = grab(r"best ([0-9.]+) M records per CPU-second", out, "rate")
         row(case, f"{rate:.2f}", "M records/CPU-s", goal, "km0 bench " + " ".join(args[1:]))
+        if "--reference" in args:
+            # The machine's yardstick, timed over the same input in the same minutes: km0's
+            # rate over it compares readings taken on other machines or in other spells.
+            ref = grab(r"reference loop .*best ([0-9.]+) M records per CPU-second", out, "reference")
+            row(f"{case}: reference loop (native serde_json)", f"{ref:.2f}", "M records/CPU-s", "none set",
+                "km0 bench --reference: the same input parsed by serde_json into a hash map of windows")
+            row(f"{case}: km0 over the reference loop", f"{rate / ref:.2f}", "x", "none set",
+                "the two rows above")
 
 
 def windows(work):

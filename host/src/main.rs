@@ -147,6 +147,12 @@ enum Command {
         /// Delivery stream: repartidores (keys), each with about 6 positions a minute.
         #[arg(long, default_value_t = 140)]
         riders: u32,
+        /// Stock stream: time a plain native loop over the same input too (serde_json into
+        /// a struct, the filter, a hash map of 5-minute windows keeping the minimum): a
+        /// yardstick of this machine's speed, so that readings taken on different
+        /// machines, or in slow and fast spells of one, can be compared.
+        #[arg(long)]
+        reference: bool,
     },
 }
 
@@ -555,6 +561,7 @@ fn run(cli: Cli) -> Result<()> {
             gap_ms,
             late_fraction,
             riders,
+            reference,
         } => {
             let base = km0::generate::StockStream::default();
             let stock = km0::generate::StockStream {
@@ -565,7 +572,7 @@ fn run(cli: Cli) -> Result<()> {
                 late_fraction: late_fraction.unwrap_or(base.late_fraction),
                 ..base
             };
-            bench(&pipeline, input, &stream, repeat, &stock, riders)?
+            bench(&pipeline, input, &stream, repeat, &stock, riders, reference)?
         }
     }
     Ok(())
@@ -668,7 +675,11 @@ fn bench(
     repeat: u32,
     stock: &km0::generate::StockStream,
     riders: u32,
+    reference: bool,
 ) -> Result<()> {
+    if reference && stream != "stock" {
+        bail!("--reference times the stock stream's loop: use it with --stream stock");
+    }
     let events = stock.events;
     let p = load(pipeline)?;
     let tmp = std::env::temp_dir().join(format!("km0-bench-{}", std::process::id()));
@@ -720,6 +731,7 @@ fn bench(
             best = Some(s);
         }
     }
+    let yardstick = if reference { Some(reference_loop(&input, repeat)?) } else { None };
     let _ = std::fs::remove_dir_all(&tmp);
     let Some(b) = best else { bail!("no run") };
     let secs = b.cpu.as_secs_f64().max(1e-9);
@@ -735,7 +747,70 @@ fn bench(
         bytes as f64 / secs / 1e6,
         b.counters.emitted
     );
+    if let Some((records, cpu)) = yardstick {
+        println!(
+            "reference loop (native, serde_json, a hash map of windows): {records} records, best {:.2} M records per CPU-second",
+            records as f64 / cpu.as_secs_f64().max(1e-9) / 1e6
+        );
+    }
     Ok(())
+}
+
+/// The yardstick of `km0 bench --reference`: the stock alert's work done the plainest
+/// way, in this process, best of `repeat` (records read, CPU time). Each line is parsed
+/// by serde_json into the fields the job reads (a line it refuses is skipped), filtered
+/// on `tipo`, and its stock folded into the minimum of its (producto, mercado, 5-minute
+/// window) in a hash map; the windows under 10 are counted at the end. No watermark, no
+/// plugin, no output: not what km0 does, but the same in every version of it, so that
+/// km0's rate over this one says how fast km0 is apart from the machine.
+fn reference_loop(input: &Path, repeat: u32) -> Result<(u64, std::time::Duration)> {
+    #[derive(serde::Deserialize)]
+    struct Event<'a> {
+        #[serde(borrow)]
+        tipo: std::borrow::Cow<'a, str>,
+        #[serde(borrow)]
+        producto: std::borrow::Cow<'a, str>,
+        #[serde(borrow)]
+        mercado: std::borrow::Cow<'a, str>,
+        stock_actual: i64,
+        fecha_ms: i64,
+    }
+    let data = std::fs::read(input).with_context(|| format!("read {}", input.display()))?;
+    let mut best: Option<(u64, std::time::Duration)> = None;
+    for _ in 0..repeat.max(1) {
+        let cpu0 = km0::metrics::thread_cpu_time();
+        let (mut records, mut key) = (0u64, String::new());
+        // km0's hasher (std's SipHash would make the yardstick mostly hashing).
+        let mut keys: std::collections::HashMap<String, u32, foldhash::fast::RandomState> =
+            Default::default();
+        let mut windows: std::collections::HashMap<(u32, i64), i64, foldhash::fast::RandomState> =
+            Default::default();
+        for line in data.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
+            records += 1;
+            let Ok(e) = serde_json::from_slice::<Event>(line) else { continue };
+            if e.tipo != "stock.actualizado" {
+                continue;
+            }
+            key.clear();
+            key.push_str(&e.producto);
+            key.push('|');
+            key.push_str(&e.mercado);
+            let next = keys.len() as u32;
+            let id = match keys.get(key.as_str()) {
+                Some(&id) => id,
+                None => *keys.entry(key.clone()).or_insert(next),
+            };
+            let min = windows.entry((id, e.fecha_ms.div_euclid(300_000))).or_insert(i64::MAX);
+            *min = (*min).min(e.stock_actual);
+        }
+        let alerts = windows.values().filter(|&&m| m < 10).count();
+        let cpu = km0::metrics::thread_cpu_time().saturating_sub(cpu0);
+        std::hint::black_box(alerts);
+        if best.is_none_or(|(_, b)| cpu < b) {
+            best = Some((records, cpu));
+        }
+    }
+    best.context("no run")
 }
 
 #[cfg(test)]

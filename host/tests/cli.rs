@@ -147,3 +147,49 @@ fn a_bounded_run_on_a_terminal_shows_its_progress_and_not_with_quiet_or_a_pipe()
     let piped = km0().args(["run", "--http", "off"]).arg(&job).output().unwrap();
     assert!(!String::from_utf8_lossy(&piped.stderr).contains("watermark 2025"));
 }
+
+#[test]
+fn bench_times_the_job_and_with_reference_a_plain_loop_over_the_same_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    // Two stock events, another kind of event, a line that is not JSON, a blank line: four
+    // records for both (the loop skips what it cannot parse, as the job dead-letters it).
+    std::fs::write(
+        &input,
+        concat!(
+            r#"{"tipo": "stock.actualizado", "producto": "pan", "mercado": "reus", "stock_actual": 3, "fecha_ms": 1757836800000}"#,
+            "\n",
+            r#"{"tipo": "stock.actualizado", "producto": "pan", "mercado": "vic", "stock_actual": 30, "fecha_ms": 1757836900000}"#,
+            "\n",
+            r#"{"tipo": "pedido.creado", "fecha_ms": 1757836900000}"#,
+            "\nnot json\n\n"
+        ),
+    )
+    .unwrap();
+    let out = km0()
+        .arg("bench")
+        .arg(example())
+        .arg("--input")
+        .arg(&input)
+        .args(["--repeat", "1", "--reference"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("bench stock-alert: 4 records"), "{text}");
+    assert!(text.contains("; 1 results"), "{text}");
+    assert!(
+        text.contains("reference loop (native, serde_json, a hash map of windows): 4 records, best "),
+        "{text}"
+    );
+    // The loop is the stock alert's: refused with another stream.
+    let out = km0()
+        .arg("bench")
+        .arg(example())
+        .args(["--stream", "delivery", "--events", "100", "--repeat", "1", "--reference"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--reference times the stock stream's loop"), "{err}");
+}

@@ -1244,14 +1244,10 @@ pub fn push_json_str(out: &mut Vec<u8>, s: &str) {
             b'\n' => out.extend_from_slice(b"\\n"),
             b'\r' => out.extend_from_slice(b"\\r"),
             b'\t' => out.extend_from_slice(b"\\t"),
-            c => out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[(c >> 4) as usize],
-                HEX[(c & 15) as usize],
-            ]),
+            c => {
+                out.extend_from_slice(b"\\u00");
+                out.extend_from_slice(&[HEX[(c >> 4) as usize], HEX[(c & 15) as usize]]);
+            }
         }
         from = stop + 1;
     }

@@ -50,6 +50,7 @@ pub(super) struct Job {
 /// field, names in the order given, byte for byte what serde_json writes for a struct of
 /// those fields. Late events are a hot path: with 1% of the records late, serde_json's
 /// escaping of the raw record took 2% of the job.
+#[must_use = "a line ends with `.end()`"]
 pub(super) struct SideLine<'a> {
     buf: &'a mut Vec<u8>,
 }
@@ -109,6 +110,69 @@ impl<'a> SideLine<'a> {
     pub(super) fn end(self) {
         self.buf.push(b'}');
     }
+}
+
+/// Why a late event goes to the late output.
+const LATE: &str = "late: past its windows' allowed lateness";
+
+/// A late event's line: the event, the watermark it came behind (`(t, wm)`), the last
+/// window it missed and where it was read.
+fn late_line(
+    buf: &mut Vec<u8>,
+    aggregation: &str,
+    (t, wm): (i64, i64),
+    window: Window,
+    source: &str,
+    pos: Position,
+    record: &[u8],
+) {
+    SideLine::new(buf)
+        .str("reason", LATE)
+        .str("aggregation", aggregation)
+        .int("event_time", t)
+        .int("watermark", wm)
+        .int("window_start", window.start)
+        .int("window_end", window.end)
+        .str("source", source)
+        .int("line", pos.line)
+        .int("offset", pos.offset)
+        .text("record", record)
+        .end();
+}
+
+/// A record that is not an event (or that one aggregation cannot take): why, and where.
+fn dead_letter_line(buf: &mut Vec<u8>, reason: &str, source: &str, pos: Position, record: &[u8]) {
+    SideLine::new(buf)
+        .str("reason", reason)
+        .str("source", source)
+        .int("line", pos.line)
+        .int("offset", pos.offset)
+        .text("record", record)
+        .end();
+}
+
+/// Events (or a window's result, `event_times` empty) that a faulty plugin could not take.
+fn plugin_dead_letter_line(
+    buf: &mut Vec<u8>,
+    reason: &str,
+    aggregation: &str,
+    key: &str,
+    window: Window,
+    event_times: &[i64],
+) {
+    SideLine::new(buf)
+        .str("reason", reason)
+        .str("aggregation", aggregation)
+        .str("key", key)
+        .int("window_start", window.start)
+        .int("window_end", window.end)
+        .ints("event_times", event_times)
+        .end();
+}
+
+/// A result the sink could not take (its JSON value as text).
+fn result_dead_letter_line(buf: &mut Vec<u8>, reason: &str, key: &str, value: &str) {
+    SideLine::new(buf).str("reason", reason).str("key", key).str("value", value).end();
 }
 
 impl Job {
@@ -356,14 +420,14 @@ impl Job {
                 self.dead_lettered += r.event_times.len().max(1) as u64;
                 note(&mut self.recent, "dead_letter", &r.reason, Some(self.ops[i].name()));
                 let aggregation = self.ops[i].name();
-                SideLine::new(&mut self.line_buf)
-                    .str("reason", &r.reason)
-                    .str("aggregation", aggregation)
-                    .str("key", &r.key)
-                    .int("window_start", r.window.start)
-                    .int("window_end", r.window.end)
-                    .ints("event_times", &r.event_times)
-                    .end();
+                plugin_dead_letter_line(
+                    &mut self.line_buf,
+                    &r.reason,
+                    aggregation,
+                    &r.key,
+                    r.window,
+                    &r.event_times,
+                );
                 // Keyed by what was rejected (aggregation, key, window, first event time or
                 // the window's result): distinct rejections never compact onto each other,
                 // a replay's copy compacts onto the first.
@@ -404,11 +468,7 @@ impl Job {
         for (key, value, reason) in refused {
             self.dead_lettered += 1;
             note(&mut self.recent, "dead_letter", &reason, None);
-            SideLine::new(&mut self.line_buf)
-                .str("reason", &reason)
-                .str("key", &key)
-                .str("value", &value)
-                .end();
+            result_dead_letter_line(&mut self.line_buf, &reason, &key, &value);
             let origin = [("km0.result", key.clone())];
             if let Some(dead) = self.dead.as_mut() {
                 dead.write(&self.line_buf, value.as_bytes(), &origin, &reason)?;
@@ -454,13 +514,7 @@ impl Job {
         let source = self.sources.get(pos.partition as usize).map_or("", String::as_str);
         let Some(dead) = self.dead.as_mut() else { return Ok(()) };
         if dead.wants_json() {
-            SideLine::new(&mut self.line_buf)
-                .str("reason", reason)
-                .str("source", source)
-                .int("line", pos.line)
-                .int("offset", pos.offset)
-                .text("record", record)
-                .end();
+            dead_letter_line(&mut self.line_buf, reason, source, pos, record);
         }
         let mut origin = vec![("km0.source", source.to_string()), ("km0.offset", pos.offset.to_string())];
         if let Some(a) = aggregation {
@@ -478,20 +532,9 @@ impl Job {
         record: &[u8],
         pos: Position,
     ) -> Result<()> {
-        const LATE: &str = "late: past its windows' allowed lateness";
         note(&mut self.recent, "late", LATE, Some(self.ops[op].name()));
-        SideLine::new(&mut self.line_buf)
-            .str("reason", LATE)
-            .str("aggregation", self.ops[op].name())
-            .int("event_time", t)
-            .int("watermark", wm)
-            .int("window_start", window.start)
-            .int("window_end", window.end)
-            .str("source", self.sources.get(pos.partition as usize).map_or("", String::as_str))
-            .int("line", pos.line)
-            .int("offset", pos.offset)
-            .text("record", record)
-            .end();
+        let source = self.sources.get(pos.partition as usize).map_or("", String::as_str);
+        late_line(&mut self.line_buf, self.ops[op].name(), (t, wm), window, source, pos, record);
         if let Some(late) = self.late.as_mut() {
             late.write_line(&self.line_buf)?;
         }
@@ -823,13 +866,42 @@ pub(super) fn idleness(pipeline: &Pipeline) -> Idleness {
 
 #[cfg(test)]
 mod tests {
-    use super::SideLine;
-    use serde::Serialize;
+    use super::*;
     use std::borrow::Cow;
 
-    /// The oracle: the struct serde_json wrote before, field for field.
+    // The oracles: the structs serde_json wrote the lines from before (dd07632), verbatim.
     #[derive(Serialize)]
-    struct LateEvent<'a> {
+    pub(super) struct DeadLetter<'a> {
+        reason: &'a str,
+        source: &'a str,
+        line: u64,
+        offset: u64,
+        record: Cow<'a, str>,
+    }
+
+    /// A result the sink could not take.
+    #[derive(Serialize)]
+    pub(super) struct ResultDeadLetter<'a> {
+        reason: &'a str,
+        key: &'a str,
+        /// The result's JSON value, as text.
+        value: &'a str,
+    }
+
+    /// Events (or a window's result) that a faulty plugin could not take.
+    #[derive(Serialize)]
+    pub(super) struct PluginDeadLetter<'a> {
+        reason: &'a str,
+        aggregation: &'a str,
+        key: &'a str,
+        window_start: i64,
+        window_end: i64,
+        /// Empty when the window's result was rejected.
+        event_times: &'a [i64],
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct LateEvent<'a> {
         reason: &'a str,
         aggregation: &'a str,
         event_time: i64,
@@ -842,16 +914,16 @@ mod tests {
         record: Cow<'a, str>,
     }
 
-    #[derive(Serialize)]
-    struct PluginDeadLetter<'a> {
-        reason: &'a str,
-        key: &'a str,
-        window_start: i64,
-        event_times: &'a [i64],
+    /// `line` (what a line function wrote into a buffer that held something) is what
+    /// serde_json writes for `oracle`.
+    fn same(write: impl FnOnce(&mut Vec<u8>), oracle: &impl Serialize) {
+        let mut buf = b"left over".to_vec();
+        write(&mut buf);
+        assert_eq!(String::from_utf8(buf).unwrap(), serde_json::to_string(oracle).unwrap());
     }
 
     #[test]
-    fn side_lines_are_what_serde_json_writes_for_their_fields() {
+    fn side_lines_are_what_serde_json_wrote_for_their_records() {
         let records: [&[u8]; 5] = [
             b"{\"tipo\": \"stock.actualizado\", \"producto\": \"pan\", \"fecha_ms\": 1757836800024}",
             b"",
@@ -860,47 +932,57 @@ mod tests {
             b"bad \xff\xfe utf-8 \xc3",
             b"\"",
         ];
+        let texts = ["trap \"here\"\n", "", "a|b\\c", "año €"];
+        let (source, aggregation) = ("/tmp/día\\1.jsonl", "min \"stock\"");
         for record in records {
-            for (t, wm) in [(1757836800024i64, 1757836900000i64), (i64::MIN, i64::MAX), (-1, 0)] {
-                let oracle = LateEvent {
-                    reason: "late: past its windows' allowed lateness",
-                    aggregation: "min \"stock\"",
+            for (t, wm, line) in
+                [(1757836800024i64, 1757836900000i64, 1u64), (i64::MIN, i64::MAX, u64::MAX), (-1, 0, 0)]
+            {
+                let window = Window { start: t.saturating_sub(300_000), end: t };
+                let pos = Position { partition: 0, line, offset: line / 2 };
+                let late = LateEvent {
+                    reason: LATE,
+                    aggregation,
                     event_time: t,
                     watermark: wm,
-                    window_start: t.saturating_sub(300_000),
-                    window_end: t,
-                    source: "/tmp/día\\1.jsonl",
-                    line: u64::MAX,
-                    offset: 0,
+                    window_start: window.start,
+                    window_end: window.end,
+                    source,
+                    line,
+                    offset: line / 2,
                     record: String::from_utf8_lossy(record),
                 };
-                let mut buf = vec![b'x'; 3];
-                SideLine::new(&mut buf)
-                    .str("reason", oracle.reason)
-                    .str("aggregation", oracle.aggregation)
-                    .int("event_time", t)
-                    .int("watermark", wm)
-                    .int("window_start", oracle.window_start)
-                    .int("window_end", t)
-                    .str("source", oracle.source)
-                    .int("line", u64::MAX)
-                    .int("offset", 0u64)
-                    .text("record", record)
-                    .end();
-                assert_eq!(String::from_utf8(buf).unwrap(), serde_json::to_string(&oracle).unwrap());
+                same(|b| late_line(b, aggregation, (t, wm), window, source, pos, record), &late);
+                for reason in texts {
+                    let dead = DeadLetter {
+                        reason,
+                        source,
+                        line,
+                        offset: line / 2,
+                        record: String::from_utf8_lossy(record),
+                    };
+                    same(|b| dead_letter_line(b, reason, source, pos, record), &dead);
+                }
             }
         }
-        for times in [&[][..], &[7], &[i64::MIN, 0, i64::MAX]] {
-            let oracle =
-                PluginDeadLetter { reason: "trap", key: "a|b", window_start: -5, event_times: times };
-            let mut buf = Vec::new();
-            SideLine::new(&mut buf)
-                .str("reason", "trap")
-                .str("key", "a|b")
-                .int("window_start", -5i64)
-                .ints("event_times", times)
-                .end();
-            assert_eq!(String::from_utf8(buf).unwrap(), serde_json::to_string(&oracle).unwrap());
+        for (reason, key) in texts.iter().zip(texts.iter().rev()) {
+            for times in [&[][..], &[7], &[i64::MIN, 0, i64::MAX]] {
+                let window = Window { start: -5, end: i64::MAX };
+                let plugin = PluginDeadLetter {
+                    reason,
+                    aggregation,
+                    key,
+                    window_start: window.start,
+                    window_end: window.end,
+                    event_times: times,
+                };
+                same(|b| plugin_dead_letter_line(b, reason, aggregation, key, window, times), &plugin);
+            }
+            let value = r#"{"a":"\u00e9\"","b":[1,2]}"#;
+            same(
+                |b| result_dead_letter_line(b, reason, key, value),
+                &ResultDeadLetter { reason, key, value },
+            );
         }
     }
 }

@@ -182,6 +182,7 @@ fn bench_times_the_job_and_with_reference_a_plain_loop_over_the_same_input() {
         text.contains("reference loop (native, serde_json, a hash map of windows): 4 records, best "),
         "{text}"
     );
+    assert!(text.contains("; km0 over it, median of 1 runs each followed by the loop: "), "{text}");
     // The loop is the stock alert's: refused with another stream.
     let out = km0()
         .arg("bench")

@@ -116,7 +116,7 @@ const IDLE_LOOK: Duration = Duration::from_secs(1);
 /// The thread that advances an engine's epoch every [`EPOCH`], so that a call past its
 /// deadline is stopped; only while a plugin runs (a guest is entered), asleep otherwise.
 /// It ticked always before: an idle job (a slow source, a quiet topic) woke 100 times a
-/// second for nothing, ~6% of km0's CPU in the Kafka benchmark. A deadline counts the
+/// second for nothing, ~18 µs of CPU a tick here (1.8 ms a second). A deadline counts the
 /// ticks of the guest's own time, as before.
 struct Ticker {
     /// Guests being run (calls in progress, of every instance of the engine).

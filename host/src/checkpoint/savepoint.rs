@@ -119,7 +119,7 @@ fn encode_state(captures: &[Capture]) -> Vec<u8> {
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&(captures.len() as u32).to_le_bytes());
     for c in captures {
-        out.extend_from_slice(&c.slots.count.to_le_bytes());
+        out.extend_from_slice(&c.slots.len().to_le_bytes());
         c.slots.encode_into(&mut out);
         encode_rows_into(&mut out, &c.rows);
     }
@@ -244,7 +244,7 @@ pub fn write_with(
     }
     let state = encode_state(snapshots);
     let state_sha = hex(&Sha256::digest(&state));
-    let windows = snapshots.iter().map(|s| s.slots.count).sum();
+    let windows = snapshots.iter().map(|s| s.slots.len()).sum();
     meta.state =
         StateFile { file: STATE.into(), windows, bytes: state.len() as u64, sha256: state_sha.clone() };
     let meta_json =

@@ -643,7 +643,7 @@ impl Job {
         for op in &mut self.ops {
             snapshots.push(op.capture()?);
         }
-        let counts = snapshots.iter().map(|s| (s.slots.count, s.rows.len() as u64)).collect();
+        let counts = snapshots.iter().map(|s| (s.slots.len(), s.rows.len() as u64)).collect();
         let meta = self.meta(pipeline, source, counts)?;
         Ok((meta, snapshots))
     }

@@ -1,11 +1,10 @@
-//! An operator's state captured for a snapshot. Processing stops only for a copy of each
-//! open slot's fixed-size record and accumulator bytes, read in the slot table's own
-//! order (no pointer is chased per slot); the key table is shared, not copied
-//! ([`KeyTable::snapshot`]).
+//! An operator's state captured for a snapshot. Processing stops only to share the slot
+//! slab's chunks and the key table's ([`super::WindowState::capture`]), not to copy a
+//! slot or a key: the pause does not grow with the state.
 //! The bytes `state.bin` holds for them ([`crate::checkpoint::savepoint`]) are laid out
 //! later, by the thread that writes the snapshot ([`CapturedSlots::encode_into`]).
 
-use super::{KeySnapshot, KeyTable};
+use super::{Entry, KeySnapshot, SlabSnapshot};
 use crate::window::Window;
 
 /// A key in `state.bin`: its field count, then the encoded fields.
@@ -15,84 +14,62 @@ pub fn put_key(out: &mut Vec<u8>, key: &[u8]) {
     out.extend_from_slice(key);
 }
 
-/// One captured slot; its accumulator is the next `acc_len` bytes of the captured ones.
-#[derive(Debug, Clone, Copy)]
-struct CapturedSlot {
-    id: i64,
-    window: Window,
-    key: u32,
-    acc_len: u32,
+/// Slots captured for a snapshot ([`super::WindowState::capture`]): the state's slab and
+/// key table as they were then (shared, not copied), and which of its slots the capture
+/// takes: every open one, or those written in one generation (an incremental capture).
+#[derive(Clone, Default)]
+pub struct CapturedSlots {
+    table: KeySnapshot,
+    slab: SlabSnapshot<Entry>,
+    /// Open slots when captured.
+    open: u64,
+    /// Only the slots written in this generation.
+    written_in: Option<u16>,
 }
 
-/// Captured slots: `count` of them, with the keys they refer to. A capture holds slots of
-/// one kind: pushed by key id ([`Self::new`], [`Self::push`]) or with their keys
-/// ([`Self::few`], [`Self::push_keyed`]).
-#[derive(Debug, Clone, Default)]
-pub struct CapturedSlots {
-    pub count: u64,
-    /// The key table when the capture started, for slots pushed by key id.
-    table: KeySnapshot,
-    /// Keys copied with their slots, and every one's (start, length).
-    key_bytes: Vec<u8>,
-    key_spans: Vec<(usize, u32)>,
-    slots: Vec<CapturedSlot>,
-    accs: Vec<u8>,
+impl std::fmt::Debug for CapturedSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapturedSlots")
+            .field("open", &self.open)
+            .field("written_in", &self.written_in)
+            .finish()
+    }
 }
 
 impl CapturedSlots {
-    /// Start a capture of slots of `keys`, with room for `slots` slots and `acc_bytes`
-    /// accumulator bytes.
-    pub fn new(keys: &KeyTable, slots: usize, acc_bytes: usize) -> CapturedSlots {
-        CapturedSlots {
-            table: keys.snapshot(),
-            slots: Vec::with_capacity(slots),
-            accs: Vec::with_capacity(acc_bytes),
-            ..Default::default()
+    pub(super) fn new(
+        table: KeySnapshot,
+        slab: SlabSnapshot<Entry>,
+        open: u64,
+        written_in: Option<u16>,
+    ) -> CapturedSlots {
+        CapturedSlots { table, slab, open, written_in }
+    }
+
+    /// Slots the capture takes (an incremental capture counts them).
+    pub fn len(&self) -> u64 {
+        match self.written_in {
+            None => self.open,
+            Some(_) => self.iter().count() as u64,
         }
     }
 
-    /// Start a capture of a few slots, whose keys come with them ([`Self::push_keyed`]).
-    pub fn few(slots: usize) -> CapturedSlots {
-        CapturedSlots { slots: Vec::with_capacity(slots), ..Default::default() }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
-    /// Capture a slot whose key is (by id) in the key table taken at the start.
-    #[inline]
-    pub fn push(&mut self, key: u32, id: i64, window: Window, acc: &[u8]) {
-        self.slots.push(CapturedSlot { id, window, key, acc_len: acc.len() as u32 });
-        self.accs.extend_from_slice(acc);
-        self.count += 1;
-    }
-
-    /// Capture a slot with its key's bytes.
-    pub fn push_keyed(&mut self, key: &[u8], id: i64, window: Window, acc: &[u8]) {
-        self.key_spans.push((self.key_bytes.len(), key.len() as u32));
-        self.key_bytes.extend_from_slice(key);
-        self.push(self.key_spans.len() as u32 - 1, id, window, acc);
-    }
-
-    /// Every slot: (encoded key, slot id, window, accumulator).
+    /// Every slot taken, in the state's order: (encoded key, slot id, window, accumulator).
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], i64, Window, &[u8])> + '_ {
-        let mut acc_at = 0;
-        self.slots.iter().map(move |s| {
-            let end = acc_at + s.acc_len as usize;
-            let acc = &self.accs[acc_at..end];
-            acc_at = end;
-            (self.key(s.key), s.id, s.window, acc)
-        })
-    }
-
-    fn key(&self, id: u32) -> &[u8] {
-        match self.key_spans.get(id as usize) {
-            Some(&(start, len)) => &self.key_bytes[start..start + len as usize],
-            None => self.table.key(id),
-        }
+        let written_in = self.written_in;
+        self.slab
+            .iter()
+            .filter(move |e| e.live && written_in.is_none_or(|g| e.written == g))
+            .map(|e| (self.table.key(e.key), e.id, e.slot.window, e.slot.acc.as_slice()))
     }
 
     /// Bytes [`Self::encode_into`] writes.
     pub fn encoded_len(&self) -> usize {
-        let keys: usize = self.slots.iter().map(|s| self.key(s.key).len()).sum();
-        keys + self.accs.len() + self.slots.len() * (4 + 8 * 3 + 4)
+        self.iter().map(|(key, _, _, acc)| key.len() + acc.len() + 4 + 8 * 3 + 4).sum()
     }
 
     /// The slots as `state.bin` holds them: each as key | i64 slot id | i64 start | i64

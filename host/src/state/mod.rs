@@ -6,10 +6,12 @@
 
 pub mod captured;
 pub mod rocks;
+mod slab;
 
 use crate::source::json::short_eq;
 use crate::window::Window;
-use std::collections::{BTreeMap, HashSet};
+use slab::{Slab, SlabSnapshot};
+use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -496,9 +498,12 @@ pub type SlotHandle = u32;
 pub const NO_SLOT: SlotHandle = u32::MAX;
 
 /// A slot with its (key, id); removed ones stay, vacant, until the slab is compacted.
+#[derive(Debug, Clone)]
 struct Entry {
     key: u32,
     live: bool,
+    /// The [`WindowState`] generation of its last write (see [`WindowState::capture`]).
+    written: u16,
     id: i64,
     slot: Slot,
 }
@@ -512,7 +517,7 @@ impl Entry {
 
 /// The index's hash of the slot at `h`.
 #[inline]
-fn hash_at(hasher: &foldhash::fast::RandomState, slab: &[Entry], h: u32) -> u64 {
+fn hash_at(hasher: &foldhash::fast::RandomState, slab: &Slab<Entry>, h: u32) -> u64 {
     let e = &slab[h as usize];
     hasher.hash_one((e.key, e.id))
 }
@@ -717,7 +722,7 @@ impl PeriodMap {
 
 impl SlotIndex {
     #[inline]
-    fn find(&self, slab: &[Entry], key: u32, id: i64) -> Option<SlotHandle> {
+    fn find(&self, slab: &Slab<Entry>, key: u32, id: i64) -> Option<SlotHandle> {
         match self {
             SlotIndex::Hashed { table, hasher } => {
                 let hash = hasher.hash_one((key, id));
@@ -729,7 +734,7 @@ impl SlotIndex {
 
     /// Add slot `h` (of `(key, id)`, known to be absent, already in the slab).
     #[inline]
-    fn insert(&mut self, slab: &[Entry], key: u32, id: i64, h: SlotHandle) {
+    fn insert(&mut self, slab: &Slab<Entry>, key: u32, id: i64, h: SlotHandle) {
         match self {
             SlotIndex::Hashed { table, hasher } => {
                 let hash = hasher.hash_one((key, id));
@@ -739,7 +744,7 @@ impl SlotIndex {
         }
     }
 
-    fn remove(&mut self, slab: &[Entry], key: u32, id: i64) -> Option<SlotHandle> {
+    fn remove(&mut self, slab: &Slab<Entry>, key: u32, id: i64) -> Option<SlotHandle> {
         match self {
             SlotIndex::Hashed { table, hasher } => {
                 let hash = hasher.hash_one((key, id));
@@ -751,7 +756,7 @@ impl SlotIndex {
     }
 
     /// Point every slot at its place in `slab` (which holds just the open slots).
-    fn rebuild(&mut self, slab: &[Entry]) {
+    fn rebuild(&mut self, slab: &Slab<Entry>) {
         match self {
             SlotIndex::Hashed { table, hasher } => {
                 table.clear();
@@ -769,7 +774,7 @@ impl SlotIndex {
         }
     }
 
-    fn reserve(&mut self, slab: &[Entry], n: usize) {
+    fn reserve(&mut self, slab: &Slab<Entry>, n: usize) {
         if let SlotIndex::Hashed { table, hasher } = self {
             table.reserve(n, |&i| hash_at(hasher, slab, i));
         }
@@ -805,7 +810,7 @@ const COMPACT_SHARE: usize = 4;
 #[derive(Default)]
 pub struct WindowState {
     index: SlotIndex,
-    slab: Vec<Entry>,
+    slab: Slab<Entry>,
     /// Vacant entries in the slab.
     vacant: usize,
     /// Pending timers by time: many windows end at the same time, so a timer costs a
@@ -819,8 +824,9 @@ pub struct WindowState {
     per_key: Vec<u32>,
     /// Keys with at least one open slot.
     keys_in_use: usize,
-    /// Slots written since the last checkpoint, when a backend keeps an incremental copy.
-    dirty: Option<HashSet<(u32, i64), foldhash::fast::RandomState>>,
+    /// The generation writes are stamped with: the number of incremental captures so far
+    /// (wrapping), see [`Self::capture`].
+    generation: u16,
     /// Bytes of the accumulators held.
     acc_bytes: usize,
 }
@@ -906,7 +912,7 @@ impl WindowState {
 
     /// Add a slot known to be absent.
     fn insert(&mut self, key: u32, id: i64, slot: Slot) -> SlotHandle {
-        let entry = Entry { key, live: true, id, slot };
+        let entry = Entry { key, live: true, written: self.generation, id, slot };
         // New slots go to the slab's end, never into a vacant entry: the slots opened
         // together (a period's, with many keys) lie together, in the order their groups
         // are handed to the plugin and their windows fire, and no long-cold line is
@@ -914,13 +920,9 @@ impl WindowState {
         if self.vacant >= COMPACT_AT && COMPACT_SHARE * self.vacant > self.slab.len() - self.vacant {
             self.compact();
         }
-        self.slab.push(entry);
-        let h = self.slab.len() as u32 - 1;
+        let h = self.slab.push(entry) as u32;
         self.index.insert(&self.slab, key, id, h);
         self.count_slot(key);
-        if let Some(d) = &mut self.dirty {
-            d.insert((key, id));
-        }
         h
     }
 
@@ -985,23 +987,22 @@ impl WindowState {
         self.acc_bytes = self.acc_bytes + acc.len() - e.slot.acc.len();
         e.slot.acc.clear();
         e.slot.acc.extend_from_slice(acc);
-        if let Some(d) = &mut self.dirty {
-            d.insert((e.key, e.id));
-        }
+        e.written = self.generation;
     }
 
     /// Replace every accumulator, in [`WindowState::iter`]'s order, by the next of `next`
     /// (the state unchanged since that iteration).
     pub fn replace_accs<'a>(&mut self, mut next: impl FnMut() -> &'a [u8]) {
-        self.acc_bytes = 0;
-        for e in self.slab.iter_mut().filter(|e| e.live) {
-            e.slot.acc.clear();
-            e.slot.acc.extend_from_slice(next());
-            self.acc_bytes += e.slot.acc.len();
-            if let Some(d) = &mut self.dirty {
-                d.insert((e.key, e.id));
+        let (mut bytes, generation) = (0, self.generation);
+        self.slab.for_each_mut(|e| {
+            if e.live {
+                e.slot.acc.clear();
+                e.slot.acc.extend_from_slice(next());
+                bytes += e.slot.acc.len();
+                e.written = generation;
             }
-        }
+        });
+        self.acc_bytes = bytes;
     }
 
     /// Bytes of the accumulators held.
@@ -1012,10 +1013,9 @@ impl WindowState {
     /// Change an open slot's window (a session that grew).
     pub fn set_window(&mut self, key: u32, id: i64, window: Window) {
         if let Some(h) = self.handle(key, id) {
-            self.slab[h as usize].slot.window = window;
-            if let Some(d) = &mut self.dirty {
-                d.insert((key, id));
-            }
+            let e = &mut self.slab[h as usize];
+            e.slot.window = window;
+            e.written = self.generation;
         }
     }
 
@@ -1028,9 +1028,6 @@ impl WindowState {
         let slot = std::mem::replace(&mut e.slot, empty);
         self.vacant += 1;
         self.acc_bytes -= slot.acc.len();
-        if let Some(d) = &mut self.dirty {
-            d.remove(&(key, id));
-        }
         let n = &mut self.per_key[key as usize];
         *n -= 1;
         let last = *n == 0;
@@ -1103,14 +1100,27 @@ impl WindowState {
         self.slab.iter().filter(|e| e.live).map(|e| (e.key, e.id, &e.slot))
     }
 
-    /// Start tracking written slots; every slot open now counts as written.
-    pub fn track(&mut self) {
-        self.dirty = Some(self.iter().map(|(k, id, _)| (k, id)).collect());
+    /// Count every slot open now as written since the last incremental capture.
+    pub fn touch_all(&mut self) {
+        let generation = self.generation;
+        self.slab.for_each_mut(|e| e.written = generation);
     }
 
-    /// The slots written since the last call (when tracking).
-    pub fn take_dirty(&mut self) -> Vec<(u32, i64)> {
-        self.dirty.as_mut().map(|d| d.drain().collect()).unwrap_or_default()
+    /// The open slots as they are now, for a snapshot, with the keys they refer to: all
+    /// of them, or (`written_only`: an incremental capture) those written since the last
+    /// incremental capture (or [`Self::touch_all`]). O(chunks of the slab): the capture
+    /// shares the slab's chunks and the key table's, copying no slot and no key.
+    ///
+    /// Writes are stamped with the generation, which an incremental capture moves on; a
+    /// slot last written 65 536 incremental captures ago is taken again (its stamp wraps
+    /// round), which rewrites what the copy holds already. A whole capture leaves the
+    /// generation alone, so incremental ones miss nothing written before it.
+    pub fn capture(&mut self, keys: &KeyTable, written_only: bool) -> captured::CapturedSlots {
+        let only = written_only.then_some(self.generation);
+        if written_only {
+            self.generation = self.generation.wrapping_add(1);
+        }
+        captured::CapturedSlots::new(keys.snapshot(), self.slab.snapshot(), self.len() as u64, only)
     }
 }
 
@@ -1149,6 +1159,89 @@ mod tests {
                 let mut want = vec![0xee; start];
                 want.extend_from_slice(b);
                 assert_eq!(v, want, "{n} bytes after {start}");
+            }
+        }
+    }
+
+    /// What a capture holds, by (key, slot id): (window start, accumulator).
+    fn held(c: &captured::CapturedSlots) -> BTreeMap<(Vec<u8>, i64), (i64, Vec<u8>)> {
+        let all: Vec<_> =
+            c.iter().map(|(k, id, w, acc)| ((k.to_vec(), id), (w.start, acc.to_vec()))).collect();
+        assert_eq!(all.len() as u64, c.len());
+        let map: BTreeMap<_, _> = all.into_iter().collect();
+        assert_eq!(map.len() as u64, c.len(), "a slot taken twice");
+        map
+    }
+
+    /// A whole capture holds every open slot, an incremental one the slots opened or
+    /// written since the previous incremental capture (whole ones in between or not),
+    /// each as it was when taken, through the writes, removals and compactions of the
+    /// slab after it: checked against a map of the slots and a set of those written.
+    #[test]
+    fn captures_hold_the_slots_open_or_written_when_taken() {
+        for mut state in [WindowState::default(), WindowState::by_period()] {
+            let mut keys = KeyTable::default();
+            let key_of = |k: u64| {
+                let mut e = Vec::new();
+                push_key_field(&mut e, format!("k{k}").as_bytes());
+                e
+            };
+            let mut open: BTreeMap<(Vec<u8>, i64), (i64, Vec<u8>)> = BTreeMap::new();
+            let mut written: std::collections::BTreeSet<(Vec<u8>, i64)> = Default::default();
+            let mut taken = Vec::new();
+            let mut x = 0x2545_F491_4F6C_DD1Du64;
+            let mut compactions = 0;
+            for step in 0..30_000u64 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let (k, id) = (key_of(x >> 40 & 511), (x >> 20 & 7) as i64 * 300);
+                let kid = keys.intern(&k);
+                let acc = step.to_le_bytes()[..(x >> 8) as usize % 9].to_vec();
+                match x % 100 {
+                    0..=39 => {
+                        let w = Window { start: id, end: id + 300 + (x & 1) as i64 };
+                        let before = state.slab.len();
+                        if state.open(kid, id, w) {
+                            compactions += usize::from(state.slab.len() <= before);
+                            open.insert((k.clone(), id), (id, Vec::new()));
+                            written.insert((k, id));
+                        }
+                    }
+                    40..=64 if state.handle(kid, id).is_some() => {
+                        state.set_acc(kid, id, &acc);
+                        open.get_mut(&(k.clone(), id)).unwrap().1 = acc;
+                        written.insert((k, id));
+                    }
+                    65..=66 if state.handle(kid, id).is_some() => {
+                        let start = id - 1 - (x >> 50) as i64 % 5;
+                        state.set_window(kid, id, Window { start, end: id + 300 });
+                        open.get_mut(&(k.clone(), id)).unwrap().0 = start;
+                        written.insert((k, id));
+                    }
+                    67..=97 => {
+                        assert_eq!(state.remove(kid, id).is_some(), open.remove(&(k.clone(), id)).is_some());
+                        written.remove(&(k, id));
+                    }
+                    98 => taken.push((state.capture(&keys, false), open.clone())),
+                    99 => {
+                        let want = open
+                            .iter()
+                            .filter(|(s, _)| written.contains(*s))
+                            .map(|(s, v)| (s.clone(), v.clone()));
+                        taken.push((state.capture(&keys, true), want.collect()));
+                        written.clear();
+                    }
+                    _ => {}
+                }
+            }
+            assert!(
+                taken.len() > 500 && compactions > 0,
+                "{} captures, {compactions} compactions",
+                taken.len()
+            );
+            for (i, (capture, want)) in taken.iter().enumerate() {
+                assert_eq!(&held(capture), want, "capture {i}");
             }
         }
     }
@@ -1361,7 +1454,7 @@ mod tests {
             for (&(k, i), acc) in &model {
                 assert_eq!(s.acc(k, i), acc.as_slice());
             }
-            let keys: HashSet<u32> = model.keys().map(|&(k, _)| k).collect();
+            let keys: std::collections::HashSet<u32> = model.keys().map(|&(k, _)| k).collect();
             assert_eq!(s.keys_in_use(), keys.len());
             assert_eq!(s.acc_bytes(), model.values().map(Vec::len).sum::<usize>());
         }

@@ -128,6 +128,7 @@ pub fn load(dir: &Path, operators: usize) -> Result<Vec<Snapshot>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::{KeyTable, WindowState};
 
     #[test]
     fn changes_accumulate_into_checkpoints_that_load_back() {
@@ -139,18 +140,18 @@ mod tests {
             window: Window { start: id, end: id + 5 },
             acc: acc.to_vec(),
         };
-        let puts = |slots: &[SavedSlot]| {
-            let mut c = CapturedSlots::few(slots.len());
-            slots.iter().for_each(|s| c.push_keyed(&s.key, s.id, s.window, &s.acc));
-            c
-        };
-        let first = Changes {
-            puts: puts(&[slot(b"\x01\0\0\0a", 0, b"x"), slot(b"\x01\0\0\0b", 5, b"y")]),
-            ..Default::default()
-        };
+        // The operator's state, captured incrementally as a job's checkpoints capture it.
+        let (mut keys, mut state) = (KeyTable::default(), WindowState::by_period());
+        let (a, b) = (keys.intern(b"\x01\0\0\0a"), keys.intern(b"\x01\0\0\0b"));
+        state.open_with(a, 0, Window { start: 0, end: 5 }, b"x");
+        state.open_with(b, 5, Window { start: 5, end: 10 }, b"y");
+        let first = Changes { puts: state.capture(&keys, true), ..Default::default() };
+        assert_eq!(first.puts.len(), 2);
         rocks.apply_and_checkpoint(&[first], &dir.path().join("c1")).unwrap();
+        state.set_acc(a, 0, b"x2");
+        state.remove(b, 5);
         let second = Changes {
-            puts: puts(&[slot(b"\x01\0\0\0a", 0, b"x2")]),
+            puts: state.capture(&keys, true),
             deletes: vec![(b"\x01\0\0\0b".to_vec(), 5)],
             rows: vec![SavedRow { key: b"\x01\0\0\0a".to_vec(), id: 0, time: 3, values: vec![] }],
         };

@@ -661,7 +661,7 @@ impl WindowOperator {
     /// Keep track of what changes, for a backend that writes only the changes at each
     /// checkpoint; everything open now counts as changed.
     pub fn track_changes(&mut self) {
-        self.state.track();
+        self.state.touch_all();
         self.removed = Some(Vec::new());
     }
 
@@ -729,19 +729,7 @@ impl WindowOperator {
 
     /// What changed since the last call (unordered plugins must have been flushed).
     pub fn take_changes(&mut self) -> crate::state::rocks::Changes {
-        let dirty = self.state.take_dirty();
-        let puts = if dirty.len() * 2 >= self.state.len() {
-            // Most slots changed: all of them, in the table's order, with the key table.
-            self.all_slots()
-        } else {
-            let mut puts = CapturedSlots::few(dirty.len());
-            for (k, id) in dirty {
-                if let Some(s) = self.state.slot(k, id) {
-                    puts.push_keyed(self.keys.encoded(k), id, s.window, &s.acc);
-                }
-            }
-            puts
-        };
+        let puts = self.state.capture(&self.keys, true);
         let rows = self.saved_rows();
         let deletes = self.removed.as_mut().map(std::mem::take).unwrap_or_default();
         crate::state::rocks::Changes { puts, deletes, rows }
@@ -1406,12 +1394,8 @@ impl WindowOperator {
     }
 
     /// Every open slot, in the state's order, with the key table they refer to.
-    fn all_slots(&self) -> CapturedSlots {
-        let mut slots = CapturedSlots::new(&self.keys, self.state.len(), self.state.acc_bytes());
-        for (k, id, s) in self.state.iter() {
-            slots.push(k, id, s.window, &s.acc);
-        }
-        slots
+    fn all_slots(&mut self) -> CapturedSlots {
+        self.state.capture(&self.keys, false)
     }
 
     /// Rows an ordered plugin holds, for checkpoints: those handed over (held until their

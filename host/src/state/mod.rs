@@ -868,6 +868,13 @@ impl WindowState {
         }
     }
 
+    /// The handle of slot `(key, id)`: `h` while it still holds that slot, else looked up
+    /// (None: the slot is not open).
+    #[inline]
+    pub fn handle_at(&self, h: SlotHandle, key: u32, id: i64) -> Option<SlotHandle> {
+        self.checked(h, key, id)
+    }
+
     /// Ask for a slot ahead of reading it through its handle (see [`prefetch`]).
     #[inline(always)]
     pub(crate) fn prefetch(&self, h: SlotHandle) {
@@ -1012,7 +1019,12 @@ impl WindowState {
 
     /// Change an open slot's window (a session that grew).
     pub fn set_window(&mut self, key: u32, id: i64, window: Window) {
-        if let Some(h) = self.handle(key, id) {
+        self.set_window_at(NO_SLOT, key, id, window);
+    }
+
+    /// [`Self::set_window`] through the slot's handle (see [`Self::checked`]).
+    pub fn set_window_at(&mut self, h: SlotHandle, key: u32, id: i64, window: Window) {
+        if let Some(h) = self.checked(h, key, id) {
             let e = &mut self.slab[h as usize];
             e.slot.window = window;
             e.written = self.generation;

@@ -19,7 +19,7 @@ use crate::plugin::{packed_item, packed_push, FieldType, Groups, OnError, Packed
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
 use crate::state::{
-    Acc, KeyTable, PeriodSlots, Slot, SlotHandle, Timer, TimerKind, WindowState, PREFETCH_DISTANCE,
+    Acc, KeyTable, PeriodSlots, Slot, SlotHandle, Timer, TimerKind, WindowState, NO_SLOT, PREFETCH_DISTANCE,
 };
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -134,6 +134,8 @@ struct SessionRef {
     id: i64,
     /// A `Fire` timer is pending for this session.
     armed: bool,
+    /// Where its slot was last found (checked before use: see [`WindowState::slot_at`]).
+    at: SlotHandle,
 }
 
 pub struct WindowOperator {
@@ -468,9 +470,12 @@ impl WindowOperator {
         // and the starts of those that did: their results were written under their start.
         let mut refires = false;
         let mut fired_starts: Vec<i64> = Vec::new();
-        let list = self.sessions.get(&k).map_or(&[][..], Vec::as_slice);
-        for (i, r) in list.iter().enumerate() {
-            let Some(w) = self.state.slot(k, r.id).map(|s| s.window) else { continue };
+        let list = self.sessions.get_mut(&k).map_or(&mut [][..], Vec::as_mut_slice);
+        for (i, r) in list.iter_mut().enumerate() {
+            // Through the handle kept with the session (a lookup only when it went stale).
+            let Some(at) = self.state.handle_at(r.at, k, r.id) else { continue };
+            r.at = at;
+            let Some(w) = self.state.slot_at(at, k, r.id).map(|s| s.window) else { continue };
             if w.overlaps(&own) {
                 count += 1;
                 if w.end <= wm {
@@ -490,9 +495,9 @@ impl WindowOperator {
             None => {
                 let id = self.next_session;
                 self.next_session += 1;
-                self.state.open(k, id, own);
+                let (at, _) = self.state.open_at(k, id, own);
                 let armed = self.schedule(k, id, own, wm);
-                self.sessions.entry(k).or_default().push(SessionRef { id, armed });
+                self.sessions.entry(k).or_default().push(SessionRef { id, armed, at });
                 id
             }
             Some((first_window, i)) => {
@@ -502,7 +507,7 @@ impl WindowOperator {
                     self.merge_sessions(k, target.id, &own)?;
                 }
                 if merged != first_window {
-                    self.state.set_window(k, target.id, merged);
+                    self.state.set_window_at(target.at, k, target.id, merged);
                     if !target.armed && merged.end > wm {
                         // It fired already; fire again when the grown session closes.
                         self.state.add_timer(Timer {
@@ -1427,7 +1432,7 @@ impl WindowOperator {
             self.state.open_with(k, s.id, s.window, &s.acc);
             let armed = self.schedule(k, s.id, s.window, wm);
             if matches!(self.assigner, Assigner::Session { .. }) {
-                self.sessions.entry(k).or_default().push(SessionRef { id: s.id, armed });
+                self.sessions.entry(k).or_default().push(SessionRef { id: s.id, armed, at: NO_SLOT });
                 self.next_session = self.next_session.max(s.id + 1);
             }
         }

@@ -119,8 +119,10 @@ fn encode_state(captures: &[Capture]) -> Vec<u8> {
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&(captures.len() as u32).to_le_bytes());
     for c in captures {
-        out.extend_from_slice(&c.slots.len().to_le_bytes());
-        c.slots.encode_into(&mut out);
+        let n = c.slots.len();
+        out.extend_from_slice(&n.to_le_bytes());
+        let written = c.slots.encode_into(&mut out);
+        assert_eq!(written, n, "the slot count state.bin gives is the slots it holds");
         encode_rows_into(&mut out, &c.rows);
     }
     out

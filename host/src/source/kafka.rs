@@ -170,7 +170,8 @@ pub struct KafkaSource {
     buf: Vec<u8>,
     brokers: String,
     last_service: Instant,
-    /// Records handed out since the clock was last looked at for [`SERVICE_EVERY`].
+    /// Calls of [`Self::next_record`] since the clock was last looked at for
+    /// [`SERVICE_EVERY`].
     unserviced: u32,
     paused: bool,
 }
@@ -346,8 +347,8 @@ impl KafkaSource {
 
     /// Serve the consumer's own events (errors, commit results); a fatal error ends the run.
     fn service(&mut self) -> Result<()> {
-        // The clock is read once every SERVICE_LOOK records, not once a record; a source
-        // waiting for records serves its events while it waits (`next_record`).
+        // While records flow, the clock is read once every SERVICE_LOOK records, not once a
+        // record; a call that finds none looks at it (`next_record`).
         self.unserviced += 1;
         if self.unserviced < SERVICE_LOOK {
             return Ok(());
@@ -444,6 +445,11 @@ impl KafkaSource {
                     }
                 }
             }
+        }
+        // Nothing to hand out (every partition at its end, or paused): serve the events
+        // when due, as while records flow.
+        if self.last_service.elapsed() >= SERVICE_EVERY {
+            self.serve_events()?;
         }
         Ok(None)
     }

@@ -74,8 +74,11 @@ impl CapturedSlots {
 
     /// The slots as `state.bin` holds them: each as key | i64 slot id | i64 start | i64
     /// end | u32 length, accumulator bytes.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
+    /// Returns how many it wrote ([`Self::len`]).
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> u64 {
+        let mut n = 0;
         for (key, id, window, acc) in self.iter() {
+            n += 1;
             put_key(out, key);
             out.extend_from_slice(&id.to_le_bytes());
             out.extend_from_slice(&window.start.to_le_bytes());
@@ -83,5 +86,6 @@ impl CapturedSlots {
             out.extend_from_slice(&(acc.len() as u32).to_le_bytes());
             out.extend_from_slice(acc);
         }
+        n
     }
 }

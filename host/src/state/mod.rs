@@ -1121,7 +1121,10 @@ impl WindowState {
     /// The open slots as they are now, for a snapshot, with the keys they refer to: all
     /// of them, or (`written_only`: an incremental capture) those written since the last
     /// incremental capture (or [`Self::touch_all`]). O(chunks of the slab): the capture
-    /// shares the slab's chunks and the key table's, copying no slot and no key.
+    /// shares the slab's chunks and the key table's, copying no slot and no key; the slots
+    /// are picked out later, by the thread that writes the snapshot (an incremental
+    /// capture reads every slot there to find the written ones), and the state copies each
+    /// chunk it writes to while that thread holds it.
     ///
     /// Writes are stamped with the generation, which an incremental capture moves on; a
     /// slot last written 65 536 incremental captures ago is taken again (its stamp wraps
@@ -1230,6 +1233,17 @@ mod tests {
                         state.set_window(kid, id, Window { start, end: id + 300 });
                         open.get_mut(&(k.clone(), id)).unwrap().0 = start;
                         written.insert((k, id));
+                    }
+                    97 if x >> 30 & 15 == 0 => {
+                        // Every slot counts as written; every accumulator replaced (in the
+                        // state's order: one value for all, so the order does not matter).
+                        if x >> 34 & 1 == 0 {
+                            state.touch_all();
+                        } else {
+                            state.replace_accs(|| &b"r"[..]);
+                            open.values_mut().for_each(|(_, acc)| *acc = b"r".to_vec());
+                        }
+                        written.extend(open.keys().cloned());
                     }
                     67..=97 => {
                         assert_eq!(state.remove(kid, id).is_some(), open.remove(&(k.clone(), id)).is_some());

@@ -145,21 +145,28 @@ mod tests {
         let (a, b) = (keys.intern(b"\x01\0\0\0a"), keys.intern(b"\x01\0\0\0b"));
         state.open_with(a, 0, Window { start: 0, end: 5 }, b"x");
         state.open_with(b, 5, Window { start: 5, end: 10 }, b"y");
+        let c = keys.intern(b"\x01\0\0\0c");
+        state.open_with(c, 0, Window { start: 0, end: 5 }, b"z");
         let first = Changes { puts: state.capture(&keys, true), ..Default::default() };
-        assert_eq!(first.puts.len(), 2);
+        assert_eq!(first.puts.len(), 3);
         rocks.apply_and_checkpoint(&[first], &dir.path().join("c1")).unwrap();
         state.set_acc(a, 0, b"x2");
         state.remove(b, 5);
         let second = Changes {
+            // Only `a` was written since: `c` is not put again.
             puts: state.capture(&keys, true),
             deletes: vec![(b"\x01\0\0\0b".to_vec(), 5)],
             rows: vec![SavedRow { key: b"\x01\0\0\0a".to_vec(), id: 0, time: 3, values: vec![] }],
         };
+        assert_eq!(
+            second.puts.iter().map(|(k, ..)| k.to_vec()).collect::<Vec<_>>(),
+            [b"\x01\0\0\0a".to_vec()]
+        );
         rocks.apply_and_checkpoint(&[second], &dir.path().join("c2")).unwrap();
         let c1 = load(&dir.path().join("c1"), 1).unwrap();
-        assert_eq!(c1[0].slots.len(), 2);
+        assert_eq!(c1[0].slots.len(), 3);
         let c2 = load(&dir.path().join("c2"), 1).unwrap();
-        assert_eq!(c2[0].slots, vec![slot(b"\x01\0\0\0a", 0, b"x2")]);
+        assert_eq!(c2[0].slots, vec![slot(b"\x01\0\0\0a", 0, b"x2"), slot(b"\x01\0\0\0c", 0, b"z")]);
         assert_eq!(c2[0].rows.len(), 1);
     }
 }

@@ -54,7 +54,9 @@ impl<T: Clone> Slab<T> {
         debug_assert_eq!(Arc::strong_count(chunk), 1);
         // SAFETY: the chunk is not marked shared, so this is its only `Arc` (no `Weak` is
         // ever made), and `&mut self` makes the access exclusive: what `Arc::get_mut`
-        // checks with an atomic operation on every write, which this spares.
+        // checks with an atomic operation on every write, which this spares. (`as_ptr`
+        // gives the `Arc`'s own pointer to its value, which `Arc::get_mut` and the
+        // unstable `get_mut_unchecked` also write through.)
         unsafe { &mut *Arc::as_ptr(chunk).cast_mut() }
     }
 

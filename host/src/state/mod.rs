@@ -875,6 +875,12 @@ impl WindowState {
         self.checked(h, key, id)
     }
 
+    /// The slot at a handle [`Self::handle_at`] gave, with no other write since.
+    #[inline]
+    pub fn slot_by(&self, h: SlotHandle) -> &Slot {
+        &self.slab[h as usize].slot
+    }
+
     /// Ask for a slot ahead of reading it through its handle (see [`prefetch`]).
     #[inline(always)]
     pub(crate) fn prefetch(&self, h: SlotHandle) {

@@ -475,7 +475,7 @@ impl WindowOperator {
             // Through the handle kept with the session (a lookup only when it went stale).
             let Some(at) = self.state.handle_at(r.at, k, r.id) else { continue };
             r.at = at;
-            let Some(w) = self.state.slot_at(at, k, r.id).map(|s| s.window) else { continue };
+            let w = self.state.slot_by(at).window;
             if w.overlaps(&own) {
                 count += 1;
                 if w.end <= wm {

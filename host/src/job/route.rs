@@ -107,6 +107,11 @@ impl<'a> SideLine<'a> {
         self
     }
 
+    /// Where a record was read, and the record: `source`, `line`, `offset`, `record`.
+    fn read_at(self, source: &str, pos: Position, record: &[u8]) -> Self {
+        self.str("source", source).int("line", pos.line).int("offset", pos.offset).text("record", record)
+    }
+
     pub(super) fn end(self) {
         self.buf.push(b'}');
     }
@@ -133,22 +138,13 @@ fn late_line(
         .int("watermark", wm)
         .int("window_start", window.start)
         .int("window_end", window.end)
-        .str("source", source)
-        .int("line", pos.line)
-        .int("offset", pos.offset)
-        .text("record", record)
+        .read_at(source, pos, record)
         .end();
 }
 
 /// A record that is not an event (or that one aggregation cannot take): why, and where.
 fn dead_letter_line(buf: &mut Vec<u8>, reason: &str, source: &str, pos: Position, record: &[u8]) {
-    SideLine::new(buf)
-        .str("reason", reason)
-        .str("source", source)
-        .int("line", pos.line)
-        .int("offset", pos.offset)
-        .text("record", record)
-        .end();
+    SideLine::new(buf).str("reason", reason).read_at(source, pos, record).end();
 }
 
 /// Events (or a window's result, `event_times` empty) that a faulty plugin could not take.

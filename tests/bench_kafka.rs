@@ -25,12 +25,78 @@ fn own_cpu() -> Duration {
 
 /// CPU time of another process, from /proc (clock ticks of 1/100 s).
 fn cpu_of(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    cpu_in(&format!("/proc/{pid}/stat"))
+}
+
+/// User + system time in a /proc `stat` file (of a process or a thread).
+fn cpu_in(stat: &str) -> Duration {
+    let stat = std::fs::read_to_string(stat).unwrap_or_default();
     let fields: Vec<&str> =
         stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
     let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
         + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
     Duration::from_millis(ticks * 10)
+}
+
+/// The name of the thread [`cpu_by_thread`] reads /proc with.
+const WATCHER: &str = "cpu-watch";
+
+/// This process's CPU time while `f` runs, by thread name (digits folded: `rdk:broker#`),
+/// most first, the watching thread's own ([`WATCHER`]) included: /proc/self/task is read
+/// every 100 ms, so a thread that ends before `f` does counts with its last reading (up
+/// to 100 ms short).
+fn cpu_by_thread<R>(f: impl FnOnce() -> R) -> (R, Vec<(String, Duration)>) {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let read = || -> HashMap<String, (String, Duration)> {
+        let tasks = std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten();
+        tasks
+            .map(|t| {
+                let path = t.path();
+                let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+                // A run of digits is a number: `rdk:broker1` and `rdk:broker12` are one name.
+                let mut name = String::new();
+                for c in comm.trim().chars() {
+                    match c.is_ascii_digit() {
+                        true if name.ends_with('#') => {}
+                        true => name.push('#'),
+                        false => name.push(c),
+                    }
+                }
+                let tid = t.file_name().to_string_lossy().into_owned();
+                (tid, (name, cpu_in(&path.join("stat").to_string_lossy())))
+            })
+            .collect()
+    };
+    let before = read();
+    let done = AtomicBool::new(false);
+    let (result, last) = std::thread::scope(|scope| {
+        let watch = std::thread::Builder::new()
+            .name(WATCHER.into())
+            .spawn_scoped(scope, || {
+                let mut last = HashMap::new();
+                loop {
+                    let stop = done.load(Ordering::Acquire);
+                    last.extend(read());
+                    if stop {
+                        return last;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+            .expect("start the watching thread");
+        let result = f();
+        done.store(true, Ordering::Release);
+        (result, watch.join().expect("the watching thread"))
+    });
+    let mut by_name: HashMap<String, Duration> = HashMap::new();
+    for (tid, (name, cpu)) in last {
+        let was = before.get(&tid).map_or(Duration::ZERO, |b| b.1);
+        *by_name.entry(name).or_default() += cpu.saturating_sub(was);
+    }
+    let mut by_name: Vec<_> = by_name.into_iter().filter(|(_, d)| !d.is_zero()).collect();
+    by_name.sort_by_key(|(_, cpu)| std::cmp::Reverse(*cpu));
+    (result, by_name)
 }
 
 fn main() {
@@ -60,8 +126,11 @@ fn main() {
     );
     let runtime = PluginRuntime::new().unwrap();
     let (km0_0, broker_0, t) = (own_cpu(), cpu_of(broker.pid()), Instant::now());
-    let summary = job::run(&pipeline, &RunOptions::default(), &runtime).unwrap();
-    let (wall, km0_cpu, broker_cpu) = (t.elapsed(), own_cpu() - km0_0, cpu_of(broker.pid()) - broker_0);
+    let (summary, threads) = cpu_by_thread(|| job::run(&pipeline, &RunOptions::default(), &runtime).unwrap());
+    // Not km0's: the thread that read the others' CPU time.
+    let watcher = threads.iter().find(|(name, _)| name == WATCHER).map_or(Duration::ZERO, |t| t.1);
+    let (wall, km0_cpu, broker_cpu) =
+        (t.elapsed(), own_cpu() - km0_0 - watcher, cpu_of(broker.pid()) - broker_0);
     let n = summary.counters.read as f64;
     println!(
         "kafka -> km0 -> kafka: {n:.0} records, {} alerts in {:.2} s: {:.0} records/s; km0 CPU {:.2} s \
@@ -74,6 +143,9 @@ fn main() {
         broker_cpu.as_secs_f64(),
         100.0 * km0_cpu.as_secs_f64() / (km0_cpu + broker_cpu).as_secs_f64()
     );
+    let threads: Vec<String> =
+        threads.iter().map(|(name, cpu)| format!("{name} {:.2} s", cpu.as_secs_f64())).collect();
+    println!("km0 CPU by thread (from /proc, 10 ms ticks): {}", threads.join(", "));
 
     let files = tempfile::tempdir().unwrap();
     let (c0, t) = (own_cpu(), Instant::now());

@@ -401,6 +401,70 @@ path = "out/dead.jsonl"
 }
 
 #[test]
+fn messages_with_line_breaks_of_their_own_read_as_their_json_says() {
+    // A message is one record whatever its line breaks: JSON's whitespace (pretty-printed,
+    // a trailing `\n`, `\r\n` or `\r`) is read as in a compact record; a raw line break
+    // inside a string is not JSON. Hand-checked: one 5-minute window from `t0`, alerts
+    // below 10.
+    let broker = Tansu::start();
+    broker.create_topic(INPUT, 1);
+    let t0 = 1_757_836_800_000i64; // a multiple of 5 minutes
+    let event = |producto: &str, stock: i64, dt: i64| {
+        format!(
+            r#"{{"tipo": "stock.actualizado", "producto": "{producto}", "mercado": "m", "stock_actual": {stock}, "fecha_ms": {}}}"#,
+            t0 + dt
+        )
+    };
+    let messages = [
+        event("a", 50, 1_000),
+        // Pretty-printed: (a, m) holds 50 and 7.
+        format!(
+            "{{\n  \"tipo\": \"stock.actualizado\",\n  \"producto\": \"a\",\n  \"mercado\": \"m\",\r\n  \
+             \"stock_actual\": 7,\n  \"fecha_ms\": {}\n}}",
+            t0 + 2_000
+        ),
+        event("b", 8, 3_000) + "\n",
+        event("c", 9, 4_000) + "\r\n",
+        event("e", 6, 5_000) + "\r",
+        event("e", 30, 5_500) + " \t ",
+        // Not JSON: a raw line break in a string; two objects (the first alone would alert).
+        event("d\nx", 1, 6_000),
+        event("g", 3, 6_500) + "\n{\"tipo\": \"stock.actualizado\"}",
+        event("f", 5, 7_000).replace(": 5,", ":\n5,"),
+        // Closes the window (the watermark passes its end).
+        event("z", 100, 600_000),
+    ];
+    let records: Vec<(i32, Option<String>, Vec<u8>)> =
+        messages.iter().map(|m| (0, None, m.clone().into_bytes())).collect();
+    broker.produce(INPUT, &records);
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_pipeline(
+        dir.path(),
+        &kafka_source(&broker, "km0-breaks"),
+        "kind = \"file\"\npath = \"out/alertas.jsonl\"",
+        "path = \"out/dead-letter.jsonl\"",
+        "",
+    );
+    let s = job::run(&p, &RunOptions::default(), &PluginRuntime::new().unwrap()).unwrap();
+    assert_eq!(s.counters.read, messages.len() as u64);
+    let got: Vec<(String, i64, u64)> = keyed_view(&dir.path().join("out/alertas.jsonl"))
+        .values()
+        .map(|v| {
+            (
+                v["producto"].as_str().unwrap().to_string(),
+                v["stock_minimo"].as_i64().unwrap(),
+                v["actualizaciones"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want = [("a", 7, 2), ("b", 8, 1), ("c", 9, 1), ("e", 6, 2), ("f", 5, 1)];
+    assert_eq!(got, want.map(|(p, m, n)| (p.to_string(), m, n)));
+    let dead = read_jsonl(&dir.path().join("out/dead-letter.jsonl"));
+    let dead: Vec<&str> = dead.iter().map(|d| d["record"].as_str().unwrap()).collect();
+    assert_eq!(dead, [&messages[6], &messages[7]], "the original bytes");
+}
+
+#[test]
 fn a_bounded_run_restarted_stops_where_it_would_have_stopped() {
     // A bounded run ends at the log ends seen when it first started: records produced
     // after that are not read, even by a run that resumes from its savepoint later.

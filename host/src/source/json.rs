@@ -308,6 +308,11 @@ fn stop_after_quote(b: &[u8], i: usize) -> usize {
 /// slack).
 const ROOM: usize = 64;
 
+/// Bytes after a record's line break that let [`Projection::scan_framed`] take a record
+/// near the end of what it is given the fast way (a source that hands out one record at
+/// a time, with a line break after it, pads it with these).
+pub const FRAMED_PADDING: usize = ROOM;
+
 /// What [`short_integer`] makes of a number.
 enum Short {
     /// An integer of `n` (1 to 15) digits at `digits` (after a minus sign, when there is

@@ -17,7 +17,8 @@
 //! ([`FETCH_BATCH`] records): the job pulls records only as fast as it processes
 //! them, and [`KafkaSource::pause`] stops fetching while a sink drains.
 
-use super::{PartitionPosition, Position, SourcePosition};
+use super::json::FRAMED_PADDING;
+use super::{Framed, PartitionPosition, Position, SourcePosition};
 use crate::pipeline::{KafkaSourceSpec, StartAt};
 use crate::{Error, Result};
 use rdkafka::bindings as rdsys;
@@ -377,6 +378,32 @@ impl KafkaSource {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::next_record`], offered first to `take` as a file's line is (see
+    /// [`super::file::FileSource::next_record_framed`]): the message followed by a line
+    /// break and [`FRAMED_PADDING`] bytes, so that the layout scan reads it the way it
+    /// reads a file, without a bounds check a field. A message with a line break of its
+    /// own (`\n` or `\r`, which the scan would take for the record's end) goes the other
+    /// way, whole.
+    pub fn next_record_framed(
+        &mut self,
+        take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>,
+    ) -> Result<Framed<'_>> {
+        let Some((_, pos)) = self.next_record()? else { return Ok(Framed::End) };
+        let len = self.buf.len();
+        if memchr::memchr2(b'\n', b'\r', &self.buf).is_none() {
+            self.buf.push(b'\n');
+            self.buf.resize(len + FRAMED_PADDING, 0);
+            let taken = take(&self.buf, pos)?;
+            self.buf.truncate(len);
+            if let Some(n) = taken {
+                // The scan takes a record up to a line break, and the message has none.
+                debug_assert_eq!(n, len);
+                return Ok(Framed::Taken);
+            }
+        }
+        Ok(Framed::Record(&self.buf, pos))
     }
 
     /// The next record of the next partition that has one; `None` when every partition

@@ -66,8 +66,8 @@ impl Source {
         }
     }
 
-    /// The next record, offered first to `take` in the input ahead (files: see
-    /// [`file::FileSource::next_record_framed`]; Kafka hands out every message as it is).
+    /// The next record, offered first to `take` in the input ahead (see
+    /// [`file::FileSource::next_record_framed`] and [`kafka::KafkaSource::next_record_framed`]).
     #[inline]
     pub fn next_record_framed(
         &mut self,
@@ -75,10 +75,7 @@ impl Source {
     ) -> Result<Framed<'_>> {
         match self {
             Source::File(s) => s.next_record_framed(take),
-            Source::Kafka(s) => Ok(match s.next_record()? {
-                Some((record, pos)) => Framed::Record(record, pos),
-                None => Framed::End,
-            }),
+            Source::Kafka(s) => s.next_record_framed(take),
         }
     }
 

@@ -752,7 +752,10 @@ impl WindowOperator {
     fn schedule(&mut self, key: u32, id: i64, slot: Window, wm: i64) -> bool {
         let sliding = matches!(self.assigner, Assigner::Sliding { .. });
         let mut armed = false;
-        for end in self.assigner.window_ends(slot).filter(|&e| e > wm) {
+        // A sliding window's timer is set once for a key, by the first of its panes the
+        // key opens; a pane sets those of its windows that no earlier pane of the key set.
+        let armed_before = if sliding { self.armed_by_earlier_pane(key, slot) } else { i64::MIN };
+        for end in self.assigner.window_ends(slot).filter(|&e| e > wm && e > armed_before) {
             // Sliding windows are identified by their end; the others by their slot.
             let fire_id = if sliding { end } else { id };
             self.state.add_timer(Timer { time: end, kind: TimerKind::Fire, key, id: fire_id });
@@ -767,6 +770,30 @@ impl WindowOperator {
             self.next_fire = self.next_fire.min(cleanup);
         }
         armed
+    }
+
+    /// Sliding windows: the last end whose timer a pane of `key` before `slot` set, or
+    /// i64::MIN. Each of the key's windows that holds an open pane has its timer pending
+    /// once the watermark is below its end: every pane, when it opens, sets the timers of
+    /// its windows after the watermark except those an earlier open pane of the key is in
+    /// (which therefore have theirs), and a timer goes only when the watermark reaches
+    /// it. So the nearest earlier open pane's windows (the ends up to its last, which
+    /// are also ends of `slot`'s windows that far, both on the slide's grid) have theirs.
+    /// A stream in order sets one timer a pane, not one per window of the pane.
+    fn armed_by_earlier_pane(&self, key: u32, slot: Window) -> i64 {
+        let Assigner::Sliding { size, slide } = self.assigner else { return i64::MIN };
+        // Panes are `slide` long, one after another.
+        let mut start = slot.start;
+        loop {
+            start = start.saturating_sub(slide);
+            // Panes this far back share no window with `slot`.
+            if start <= slot.start.saturating_sub(size) {
+                return i64::MIN;
+            }
+            if self.state.handle(key, start).is_some() {
+                return self.assigner.last_end(Window { start, end: start.saturating_add(slide) });
+            }
+        }
     }
 
     /// Whether a `Fire` timer also ends its slot (no separate cleanup timer).
@@ -960,9 +987,10 @@ impl WindowOperator {
             }
             match t.kind {
                 TimerKind::Fire if sliding => {
-                    // Every pane of a window sets the window's timer (its end, also its
-                    // id): it fires once. A key's timers of one end come due together,
-                    // ends in order, so a key's last end taken tells a repeat.
+                    // A pane that opens before an earlier one of its key sets the
+                    // timers of windows that one set too (its end, also its id): a window
+                    // fires once. A key's timers of one end come due together, ends in
+                    // order, so a key's last end taken tells a repeat.
                     let k = t.key as usize;
                     if k >= self.fired_ends.len() {
                         self.fired_ends.resize(k + 1, i64::MIN);

@@ -70,7 +70,18 @@ pub struct KeyTable {
     /// `ranked`: no key was interned since it was computed.
     rank: Vec<u32>,
     ranked: bool,
+    /// The live ids in key order when `rank` was computed, and the ids interned since (in
+    /// any order; at most as many as the keys held plus [`FRESH_SLACK`], else none and
+    /// `rank_whole`): the next ranking places those among these (see
+    /// [`KeyTable::ranks`]).
+    sorted: Vec<u32>,
+    fresh: Vec<u32>,
+    rank_whole: bool,
 }
+
+/// Ids interned since the last ranking that are kept beyond the keys held, before the
+/// next ranking sorts every key again instead.
+const FRESH_SLACK: usize = 1024;
 
 /// Keys of up to this many bytes (encoded) are held in their index entry too.
 const INLINE: usize = 40;
@@ -172,6 +183,11 @@ impl KeyTable {
             }
         };
         self.set_span(id, span);
+        if self.fresh.len() < self.index.len() + FRESH_SLACK {
+            self.fresh.push(id);
+        } else {
+            self.rank_whole = true;
+        }
         let hash = self.hasher.hash_one(encoded);
         let (chunks, hasher) = (&self.chunks, &self.hasher);
         self.index.insert_unique(hash, Interned::new(id, span, encoded), |e| hasher.hash_one(e.key(chunks)));
@@ -277,25 +293,71 @@ impl KeyTable {
         RawKeyFields { rest: self.encoded(id) }
     }
 
-    /// The rank of every id in key order, to sort `n` items by key: computed again (for
-    /// every key) only when keys were interned since and there are not many more keys
-    /// than items; None when that is not worth it.
+    /// The rank of every id in key order, to sort `n` items by key: computed again only
+    /// when keys were interned since and there are not many more keys than items; None
+    /// when that is not worth it.
+    ///
+    /// Computed again, the keys interned since the last ranking are sorted and placed
+    /// among the others, which keep their order: O(keys) moves and O(new keys x log keys)
+    /// comparisons, not a sort of every key (windows that fire every slide of a sliding
+    /// window, while keys come and go, ranked all of them each time: 5% of that job).
     pub fn ranks(&mut self, n: usize) -> Option<&[u32]> {
         if !self.ranked {
             if self.index.len() > 4 * n + 1024 {
                 return None;
             }
-            let mut ids: Vec<u32> = self.ids().collect();
-            let table = &*self;
-            ids.sort_unstable_by(|&a, &b| table.raw_fields(a).cmp(table.raw_fields(b)));
-            self.rank.clear();
-            self.rank.resize(self.ids, u32::MAX);
-            for (r, id) in ids.into_iter().enumerate() {
-                self.rank[id as usize] = r as u32;
-            }
+            self.rank_again();
             self.ranked = true;
         }
         Some(&self.rank)
+    }
+
+    fn rank_again(&mut self) {
+        // What each id is now: gone, ranked before and still held, or interned since.
+        const GONE: u32 = 0;
+        const KEPT: u32 = 1;
+        const FRESH: u32 = 2;
+        let (mut sorted, mut fresh) = (std::mem::take(&mut self.sorted), std::mem::take(&mut self.fresh));
+        if std::mem::take(&mut self.rank_whole) {
+            sorted.clear();
+            fresh.clear();
+            fresh.extend(self.ids());
+        }
+        // `rank` serves as the ids' marks, then gets their ranks.
+        let mut mark = std::mem::take(&mut self.rank);
+        mark.clear();
+        mark.resize(self.ids, GONE);
+        for id in self.ids() {
+            mark[id as usize] = KEPT;
+        }
+        fresh.retain(|&id| mark[id as usize] != GONE);
+        let table = &*self;
+        let order = |a: u32, b: u32| table.raw_fields(a).cmp(table.raw_fields(b));
+        fresh.sort_unstable_by(|&a, &b| order(a, b));
+        // An id removed and interned again since comes twice (the same key: side by side).
+        fresh.dedup();
+        for &id in &fresh {
+            mark[id as usize] = FRESH;
+        }
+        sorted.retain(|&id| mark.get(id as usize) == Some(&KEPT));
+        let mut merged = Vec::with_capacity(sorted.len() + fresh.len());
+        let mut from = 0;
+        for &id in &fresh {
+            let at = from + sorted[from..].partition_point(|&o| order(o, id).is_lt());
+            merged.extend_from_slice(&sorted[from..at]);
+            merged.push(id);
+            from = at;
+        }
+        merged.extend_from_slice(&sorted[from..]);
+        debug_assert_eq!(merged.len(), self.index.len());
+        mark.fill(u32::MAX);
+        for (r, &id) in merged.iter().enumerate() {
+            mark[id as usize] = r as u32;
+        }
+        self.rank = mark;
+        self.sorted = merged;
+        fresh.clear();
+        self.fresh = fresh;
     }
 
     /// Bytes of the encoded keys held.
@@ -1289,6 +1351,50 @@ mod tests {
         let id = t.intern(&k);
         assert_eq!(t.intern(&k), id);
         assert_eq!(t.fields(id).collect::<Vec<_>>(), ["queso-curado", "girona"]);
+    }
+
+    #[test]
+    fn ranks_put_the_live_keys_in_field_order_as_keys_come_and_go() {
+        // The model: the live keys' fields, sorted as lists of byte strings.
+        let mut rng = crate::generate::Rng::new(5);
+        let mut t = KeyTable::default();
+        let mut live: BTreeMap<Vec<Vec<u8>>, u32> = BTreeMap::new();
+        let words: [&[u8]; 6] = [b"", b"a", b"ab", b"b", b"queso", b"\xc3\xb1"];
+        let mut rankings = 0;
+        for step in 0..4_000 {
+            let fields: Vec<Vec<u8>> = (0..2)
+                .map(|_| words[rng.below(words.len() as u64) as usize].repeat(1 + rng.below(3) as usize))
+                .collect();
+            if rng.below(3) == 0 {
+                if let Some(id) = live.remove(&fields) {
+                    t.remove(id);
+                }
+            } else {
+                let mut k = Vec::new();
+                fields.iter().for_each(|f| push_key_field(&mut k, f));
+                live.insert(fields, t.intern(&k));
+            }
+            // Rank now and then, after a few changes or many (a whole ranking past the
+            // slack is not reached here; `rank_whole` is forced now and then instead).
+            if step % (1 + rng.below(40) as usize) == 0 {
+                if rng.below(10) == 0 {
+                    t.rank_whole = true;
+                }
+                let rank = t.ranks(live.len()).expect("few keys: ranked").to_vec();
+                let got: Vec<u32> = {
+                    let mut ids: Vec<u32> = live.values().copied().collect();
+                    ids.sort_by_key(|&id| rank[id as usize]);
+                    ids
+                };
+                let want: Vec<u32> = live.values().copied().collect();
+                assert_eq!(got, want, "step {step}");
+                let mut ranks: Vec<u32> = want.iter().map(|&id| rank[id as usize]).collect();
+                ranks.dedup();
+                assert_eq!(ranks.len(), want.len(), "one rank a key");
+                rankings += 1;
+            }
+        }
+        assert!(rankings > 100 && live.len() > 20, "{rankings} rankings, {} keys", live.len());
     }
 
     #[test]

@@ -673,9 +673,11 @@ const DENSE_BASE: usize = 4096;
 impl PeriodMap {
     #[inline]
     fn period(&self, id: i64) -> Option<&Period> {
-        // Few periods are open; an event usually reaches the last one or the one before.
-        match self.list.last() {
-            Some(p) if p.id == id => Some(p),
+        // Few periods are open; an event usually reaches the last one or the one before
+        // (as does a look at a sliding window's pane before the event's).
+        match self.list.as_slice() {
+            [.., p] if p.id == id => Some(p),
+            [.., p, _] if p.id == id => Some(p),
             _ => self.list.binary_search_by_key(&id, |p| p.id).ok().map(|i| &self.list[i]),
         }
     }

@@ -107,6 +107,23 @@ fn records_are_written_as_serde_json_writes_them() {
 }
 
 #[test]
+fn a_word_scan_finds_every_byte_that_is_escaped_at_every_place() {
+    // JSON's rule (RFC 8259, 7), which serde_json follows: the control characters below
+    // 0x20, the quote and the backslash are escaped; every other byte is written as is.
+    let escaped = |c: u8| c < 0x20 || c == b'"' || c == b'\\';
+    for len in 0..=24usize {
+        for at in 0..len {
+            for c in 0..=255u8 {
+                let mut b = vec![b'a'; len];
+                b[at] = c;
+                assert_eq!(sdk_json::needs_escape(&b), escaped(c), "{c:#x} at {at} of {len}");
+            }
+        }
+        assert!(!sdk_json::needs_escape(&vec![0x7f; len]));
+    }
+}
+
+#[test]
 fn strings_with_every_escape_at_every_place_are_written_as_serde_json_writes_them() {
     // Independent of the writer: serde_json's text for each string is the reference.
     let mut all: String = (0u8..0x80).map(char::from).collect();

@@ -55,6 +55,46 @@ fn escaped_byte(c: u8) -> bool {
     c < 0x20 || c == b'"' || c == b'\\'
 }
 
+/// Whether a byte of the word `w` is one [`escaped_byte`] says (each test is exact: a
+/// byte below a value, or equal to one, sets its high bit; no bit is set otherwise).
+#[inline(always)]
+fn word_escapes(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let below = |n: u8| w.wrapping_sub(ONES * u64::from(n)) & !w & HIGH;
+    let equal = |c: u8| {
+        let x = w ^ (ONES * u64::from(c));
+        x.wrapping_sub(ONES) & !x & HIGH
+    };
+    below(0x20) | equal(b'"') | equal(b'\\') != 0
+}
+
+/// Whether any byte of `b` is written escaped: a word of 8 bytes at a time (the last one
+/// overlapping the one before; 4 to 7 bytes as two overlapping halves), not a byte at a
+/// time (field names and most string values are one or two words).
+#[inline]
+pub(crate) fn needs_escape(b: &[u8]) -> bool {
+    let n = b.len();
+    if n < 4 {
+        return b.iter().any(|&c| escaped_byte(c));
+    }
+    let half = |i: usize| u64::from(u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]));
+    if n < 8 {
+        return word_escapes(half(0) | half(n - 4) << 32);
+    }
+    let mut rest = b;
+    while let Some((w, after)) = rest.split_first_chunk::<8>() {
+        if word_escapes(u64::from_le_bytes(*w)) {
+            return true;
+        }
+        rest = after;
+    }
+    match b.last_chunk::<8>() {
+        Some(w) if !rest.is_empty() => word_escapes(u64::from_le_bytes(*w)),
+        _ => false,
+    }
+}
+
 /// Append `b` to `out`: up to 16 bytes by two (overlapping) word copies, longer ones by
 /// `extend_from_slice` (in WebAssembly a copy of unknown length is a `memory.copy`, a call
 /// out of the guest).
@@ -95,7 +135,7 @@ pub(crate) fn put(out: &mut Vec<u8>, b: &[u8]) {
 #[inline]
 fn string(out: &mut Vec<u8>, s: &str, after: &[u8]) {
     let b = s.as_bytes();
-    if !b.iter().any(|&c| escaped_byte(c)) {
+    if !needs_escape(b) {
         out.reserve(b.len() + 2 + after.len());
         out.push(b'"');
         put(out, b);
@@ -503,34 +543,8 @@ impl ser::Serializer for KeyWriter<'_> {
     }
 }
 
-thread_local! {
-    /// Struct field names seen to need no escape, by address and length (a name is a
-    /// `&'static str`: the same bytes every time), so that a name is copied, not scanned.
-    static PLAIN: std::cell::RefCell<Vec<(usize, usize)>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Most names kept in [`PLAIN`].
-const PLAIN_NAMES: usize = 64;
-
 /// Write struct field name `key` with its quotes and colon.
 #[inline]
 fn name(out: &mut Vec<u8>, key: &'static str) {
-    let id = (key.as_ptr() as usize, key.len());
-    let plain = PLAIN.with(|p| p.borrow().contains(&id));
-    if plain {
-        out.reserve(key.len() + 3);
-        out.push(b'"');
-        put(out, key.as_bytes());
-        put(out, b"\":");
-        return;
-    }
-    if !key.bytes().any(escaped_byte) {
-        PLAIN.with(|p| {
-            let mut p = p.borrow_mut();
-            if p.len() < PLAIN_NAMES {
-                p.push(id);
-            }
-        });
-    }
     string(out, key, b":");
 }

@@ -130,7 +130,7 @@ fn main() {
     // Not km0's: the thread that read the others' CPU time.
     let watcher = threads.iter().find(|(name, _)| name == WATCHER).map_or(Duration::ZERO, |t| t.1);
     let (wall, km0_cpu, broker_cpu) =
-        (t.elapsed(), own_cpu() - km0_0 - watcher, cpu_of(broker.pid()) - broker_0);
+        (t.elapsed(), (own_cpu() - km0_0).saturating_sub(watcher), cpu_of(broker.pid()) - broker_0);
     let n = summary.counters.read as f64;
     println!(
         "kafka -> km0 -> kafka: {n:.0} records, {} alerts in {:.2} s: {:.0} records/s; km0 CPU {:.2} s \

@@ -417,6 +417,8 @@ fn messages_with_line_breaks_of_their_own_read_as_their_json_says() {
     };
     let messages = [
         event("a", 50, 1_000),
+        // Compact, without a line break: taken the way file lines are.
+        event("h", 4, 1_500),
         // Pretty-printed: (a, m) holds 50 and 7.
         format!(
             "{{\n  \"tipo\": \"stock.actualizado\",\n  \"producto\": \"a\",\n  \"mercado\": \"m\",\r\n  \
@@ -457,11 +459,11 @@ fn messages_with_line_breaks_of_their_own_read_as_their_json_says() {
             )
         })
         .collect();
-    let want = [("a", 7, 2), ("b", 8, 1), ("c", 9, 1), ("e", 6, 2), ("f", 5, 1)];
+    let want = [("a", 7, 2), ("b", 8, 1), ("c", 9, 1), ("e", 6, 2), ("f", 5, 1), ("h", 4, 1)];
     assert_eq!(got, want.map(|(p, m, n)| (p.to_string(), m, n)));
     let dead = read_jsonl(&dir.path().join("out/dead-letter.jsonl"));
     let dead: Vec<&str> = dead.iter().map(|d| d["record"].as_str().unwrap()).collect();
-    assert_eq!(dead, [&messages[6], &messages[7]], "the original bytes");
+    assert_eq!(dead, [&messages[7], &messages[8]], "the original bytes");
 }
 
 #[test]

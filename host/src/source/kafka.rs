@@ -394,10 +394,10 @@ impl KafkaSource {
         let len = self.buf.len();
         if memchr::memchr2(b'\n', b'\r', &self.buf).is_none() {
             self.buf.push(b'\n');
-            self.buf.resize(len + FRAMED_PADDING, 0);
-            let taken = take(&self.buf, pos)?;
+            self.buf.resize(len + 1 + FRAMED_PADDING, 0);
+            let taken = take(&self.buf, pos);
             self.buf.truncate(len);
-            if let Some(n) = taken {
+            if let Some(n) = taken? {
                 // The scan takes a record up to a line break, and the message has none.
                 debug_assert_eq!(n, len);
                 return Ok(Framed::Taken);

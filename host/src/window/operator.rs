@@ -4,7 +4,9 @@
 //!
 //! - Every event goes into exactly one slot; slots are opened when the event is staged,
 //!   and each slot schedules its timers then: `Fire` at the end of every window it feeds
-//!   and `Cleanup` once the allowed lateness after its last window is over.
+//!   (a sliding pane: of every window no earlier pane of its key is in, see
+//!   `armed_by_earlier_pane`) and `Cleanup` once the allowed lateness after its last
+//!   window is over.
 //! - Staged rows reach the plugin in batches ([`Batch`]); a batch is flushed before any
 //!   window fires, so batching never changes results.
 //! - An event is late (side output) when every window it would feed is past its allowed
@@ -747,7 +749,8 @@ impl WindowOperator {
     }
 
     /// Timers of a new (or grown) slot: fire at the end of every window it feeds that
-    /// has not fired yet, clean up after the last one's allowed lateness.
+    /// has not fired yet (a sliding pane: and that no earlier open pane of its key is
+    /// in), clean up after the last one's allowed lateness.
     /// Returns whether a `Fire` timer was set.
     fn schedule(&mut self, key: u32, id: i64, slot: Window, wm: i64) -> bool {
         let sliding = matches!(self.assigner, Assigner::Sliding { .. });

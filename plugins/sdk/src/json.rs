@@ -55,8 +55,10 @@ fn escaped_byte(c: u8) -> bool {
     c < 0x20 || c == b'"' || c == b'\\'
 }
 
-/// Whether a byte of the word `w` is one [`escaped_byte`] says (each test is exact: a
-/// byte below a value, or equal to one, sets its high bit; no bit is set otherwise).
+/// Whether a byte of the word `w` is one [`escaped_byte`] says. Each test sets the high
+/// bit of the lowest byte below a value (or equal to one), and none when there is no
+/// such byte: the word's answer is exact (a borrow may mark a byte above a real match
+/// too, which changes nothing here).
 #[inline(always)]
 fn word_escapes(w: u64) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;

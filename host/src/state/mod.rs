@@ -1397,6 +1397,30 @@ mod tests {
             }
         }
         assert!(rankings > 100 && live.len() > 20, "{rankings} rankings, {} keys", live.len());
+        // Keys that come and go by the thousand between two rankings: more than the list
+        // of new ids keeps, so every key is ranked again (and still in order).
+        for i in 0..3 * FRESH_SLACK {
+            let mut k = Vec::new();
+            push_key_field(&mut k, format!("gone-{i}").as_bytes());
+            let id = t.intern(&k);
+            t.remove(id);
+        }
+        assert!(t.rank_whole, "the list of new ids overflowed");
+        // Keys that stay, interned once the list is full, each in place of one that goes
+        // (the list does not grow with the keys held).
+        for w in [&b"aa"[..], b"zz", b"m", b""] {
+            if let Some((_, id)) = live.pop_first() {
+                t.remove(id);
+            }
+            let fields = vec![w.to_vec(), b"after".to_vec()];
+            let mut k = Vec::new();
+            fields.iter().for_each(|f| push_key_field(&mut k, f));
+            live.insert(fields, t.intern(&k));
+        }
+        let rank = t.ranks(live.len()).expect("ranked").to_vec();
+        let mut got: Vec<u32> = live.values().copied().collect();
+        got.sort_by_key(|&id| rank[id as usize]);
+        assert_eq!(got, live.values().copied().collect::<Vec<_>>());
     }
 
     #[test]

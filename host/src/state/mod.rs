@@ -1376,8 +1376,8 @@ mod tests {
                 fields.iter().for_each(|f| push_key_field(&mut k, f));
                 live.insert(fields, t.intern(&k));
             }
-            // Rank now and then, after a few changes or many (a whole ranking past the
-            // slack is not reached here; `rank_whole` is forced now and then instead).
+            // Rank now and then, after a few changes or many; now and then every key
+            // again (as past a full list of new ids, which the end of the test reaches).
             if step % (1 + rng.below(40) as usize) == 0 {
                 if rng.below(10) == 0 {
                     t.rank_whole = true;

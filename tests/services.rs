@@ -17,9 +17,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port nobody listens on now.
+/// A port nobody listens on now, and not given to another test of this process: the
+/// system may hand out a port again once it is let go, and two brokers started on one
+/// port by tests that run at the same time made both tests talk to the one that bound
+/// it ("topic already exists").
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 pub fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
@@ -76,7 +89,7 @@ impl Tansu {
             .stderr(log)
             .spawn()
             .expect("start tansu");
-        let t = Tansu { child, _dir: dir, brokers: format!("127.0.0.1:{port}"), bin };
+        let mut t = Tansu { child, _dir: dir, brokers: format!("127.0.0.1:{port}"), bin };
         wait_for("tansu's port", Duration::from_secs(30), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
@@ -88,6 +101,12 @@ impl Tansu {
                 .status()
                 .is_ok_and(|s| s.success())
         });
+        // The port answered: it must be this broker that did (another program may have
+        // taken the port between `free_port` and the broker's start).
+        if let Ok(Some(status)) = t.child.try_wait() {
+            let log = std::fs::read_to_string(t._dir.path().join("tansu.log")).unwrap_or_default();
+            panic!("tansu exited ({status}) while another process answered on port {port}: {log}");
+        }
         t
     }
 

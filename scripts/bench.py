@@ -16,8 +16,8 @@ are its own:
   - memory per open window: the resident set of a job that follows its input, measured
     once it has read everything (nothing fired yet), with ~1M and ~250k open windows:
     the difference over the difference in windows;
-  - Kafka -> km0 -> Kafka against a local tansu broker (tests/bench_kafka.rs): km0's own
-    CPU per record. Skipped, and said so, without tansu (KM0_TANSU, else the folder
+  - Kafka -> km0 -> Kafka against a local tansu broker (tests/bench_kafka.rs): the CPU
+    per record of the release km0 process (start-up, every thread). Skipped, and said so, without tansu (KM0_TANSU, else the folder
     scripts/install-tansu.sh installs into, else `tansu` on PATH).
 
   scripts/bench.py [--quick] [--only throughput,windows,kafka]

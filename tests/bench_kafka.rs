@@ -1,27 +1,19 @@
 //! Benchmark: the stock-alert job Kafka -> km0 -> Kafka on this machine, against a real
-//! tansu broker started here. Prints events per second, km0's CPU time (this process,
-//! all its threads: the operator loop and librdkafka's) and the broker's, and the same
-//! job from files for comparison. Run: `cargo bench -p km0-e2e --bench kafka`
-//! (`KM0_BENCH_EVENTS` sets the stream's size, 1 000 000 by default).
+//! tansu broker started here. Runs the release `km0` binary as shipped (its allocator,
+//! its threads) and prints events per second, km0's CPU time (the process's, from
+//! `wait4`: the operator loop and librdkafka's threads), by thread, and the broker's; then
+//! the same job from files, by the same binary, for comparison. Run:
+//! `cargo build --release -p km0 && cargo bench -p km0-e2e --bench kafka`
+//! (`KM0_BENCH_EVENTS` sets the stream's size, 1 000 000 by default; `KM0_BENCH_WRAP` a
+//! command to run the Kafka job's km0 under, e.g. `perf record -g -o /tmp/km0.perf`).
 
-use km0::job::{self, RunOptions};
-use km0::plugin::PluginRuntime;
 use km0_e2e::services::Tansu;
 use km0_e2e::stock_topic::*;
+use km0_e2e::{km0_bin, StockJob};
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// CPU time (user + system) of this process so far.
-fn own_cpu() -> Duration {
-    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given.
-    let u = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
-        u.assume_init()
-    };
-    let tv =
-        |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
-    tv(u.ru_utime) + tv(u.ru_stime)
-}
 
 /// CPU time of another process, from /proc (clock ticks of 1/100 s).
 fn cpu_of(pid: u32) -> Duration {
@@ -38,65 +30,101 @@ fn cpu_in(stat: &str) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// The name of the thread [`cpu_by_thread`] reads /proc with.
-const WATCHER: &str = "cpu-watch";
+/// The threads of process `pid` by name (a run of digits folded: `rdk:broker#`), with
+/// their CPU time so far, by thread id.
+fn threads_of(pid: u32) -> HashMap<String, (String, Duration)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    tasks
+        .map(|t| {
+            let path = t.path();
+            let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            let mut name = String::new();
+            for c in comm.trim().chars() {
+                match c.is_ascii_digit() {
+                    true if name.ends_with('#') => {}
+                    true => name.push('#'),
+                    false => name.push(c),
+                }
+            }
+            let tid = t.file_name().to_string_lossy().into_owned();
+            (tid, (name, cpu_in(&path.join("stat").to_string_lossy())))
+        })
+        .collect()
+}
 
-/// This process's CPU time while `f` runs, by thread name (digits folded: `rdk:broker#`),
-/// most first, the watching thread's own ([`WATCHER`]) included: /proc/self/task is read
-/// every 100 ms, so a thread that ends before `f` does counts with its last reading (up
-/// to 100 ms short).
-fn cpu_by_thread<R>(f: impl FnOnce() -> R) -> (R, Vec<(String, Duration)>) {
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let read = || -> HashMap<String, (String, Duration)> {
-        let tasks = std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten();
-        tasks
-            .map(|t| {
-                let path = t.path();
-                let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-                // A run of digits is a number: `rdk:broker1` and `rdk:broker12` are one name.
-                let mut name = String::new();
-                for c in comm.trim().chars() {
-                    match c.is_ascii_digit() {
-                        true if name.ends_with('#') => {}
-                        true => name.push('#'),
-                        false => name.push(c),
-                    }
-                }
-                let tid = t.file_name().to_string_lossy().into_owned();
-                (tid, (name, cpu_in(&path.join("stat").to_string_lossy())))
-            })
-            .collect()
+/// What one run of the `km0` binary took.
+struct Run {
+    /// Its standard output and error.
+    said: String,
+    wall: Duration,
+    /// The process's CPU time (user + system, every thread), from `wait4`.
+    cpu: Duration,
+    /// CPU time by thread name, most first, from /proc read every 100 ms (a thread that
+    /// ends before the process counts with its last reading, up to 100 ms short).
+    threads: Vec<(String, Duration)>,
+}
+
+/// Run `km0 run <pipeline>` (no control API, no progress bar) to its end, under the
+/// command `wrap` when given (e.g. `perf record -g -o km0.perf`: its CPU counts then).
+fn run_km0(pipeline: &Path, wrap: Option<&str>) -> Run {
+    let dir = pipeline.parent().expect("the pipeline's folder");
+    let said = dir.join("km0.log");
+    let log = std::fs::File::create(&said).expect("create km0.log");
+    let t = Instant::now();
+    let mut cmd = match wrap {
+        Some(wrap) => {
+            let mut words = wrap.split_whitespace();
+            let mut cmd = Command::new(words.next().expect("a command to run km0 under"));
+            cmd.args(words).arg(km0_bin());
+            cmd
+        }
+        None => Command::new(km0_bin()),
     };
-    let before = read();
-    let done = AtomicBool::new(false);
-    let (result, last) = std::thread::scope(|scope| {
-        let watch = std::thread::Builder::new()
-            .name(WATCHER.into())
-            .spawn_scoped(scope, || {
-                let mut last = HashMap::new();
-                loop {
-                    let stop = done.load(Ordering::Acquire);
-                    last.extend(read());
-                    if stop {
-                        return last;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            })
-            .expect("start the watching thread");
-        let result = f();
-        done.store(true, Ordering::Release);
-        (result, watch.join().expect("the watching thread"))
-    });
+    let child = cmd
+        .arg("run")
+        .arg(pipeline)
+        .args(["--http", "off", "--quiet"])
+        .stdout(log.try_clone().expect("km0.log"))
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start km0 (built by `cargo build --release -p km0`)");
+    let pid = child.id();
+    let mut threads = HashMap::new();
+    let (status, usage) = loop {
+        threads.extend(threads_of(pid));
+        let mut status = 0;
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: waits for our own child without blocking; fills `status` and `usage`.
+        let done = unsafe { libc::wait4(pid as i32, &mut status, libc::WNOHANG, usage.as_mut_ptr()) };
+        if done == pid as i32 {
+            // SAFETY: wait4 filled it for the child it reaped.
+            break (status, unsafe { usage.assume_init() });
+        }
+        assert!(done == 0, "wait4: {}", std::io::Error::last_os_error());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let wall = t.elapsed();
+    let said = std::fs::read_to_string(&said).unwrap_or_default();
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "km0 failed:\n{said}");
+    let tv =
+        |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
     let mut by_name: HashMap<String, Duration> = HashMap::new();
-    for (tid, (name, cpu)) in last {
-        let was = before.get(&tid).map_or(Duration::ZERO, |b| b.1);
-        *by_name.entry(name).or_default() += cpu.saturating_sub(was);
+    for (name, cpu) in threads.into_values() {
+        *by_name.entry(name).or_default() += cpu;
     }
-    let mut by_name: Vec<_> = by_name.into_iter().filter(|(_, d)| !d.is_zero()).collect();
-    by_name.sort_by_key(|(_, cpu)| std::cmp::Reverse(*cpu));
-    (result, by_name)
+    let mut threads: Vec<_> = by_name.into_iter().filter(|(_, d)| !d.is_zero()).collect();
+    threads.sort_by_key(|(_, cpu)| std::cmp::Reverse(*cpu));
+    Run { said, wall, cpu: tv(usage.ru_utime) + tv(usage.ru_stime), threads }
+}
+
+/// The number before `what` in km0's summary line (`read 400000 records`).
+fn counted(said: &str, what: &str) -> u64 {
+    said.lines()
+        .filter_map(|l| l.split_once(what).map(|(before, _)| before))
+        .filter_map(|before| before.split_whitespace().last()?.parse().ok())
+        .next_back()
+        .unwrap_or_else(|| panic!("no '{what}' in km0's output:\n{said}"))
 }
 
 fn main() {
@@ -117,45 +145,40 @@ fn main() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let pipeline = write_pipeline(
-        dir.path(),
-        &kafka_source(&broker, "km0-bench"),
-        "kind = \"kafka\"\ntopic = \"inventario.alertas\"",
-        "path = \"out/dead-letter.jsonl\"",
-        "[checkpoints]\ndir = \"out/checkpoints\"\ninterval = \"10s\"",
-    );
-    let runtime = PluginRuntime::new().unwrap();
-    let (km0_0, broker_0, t) = (own_cpu(), cpu_of(broker.pid()), Instant::now());
-    let (summary, threads) = cpu_by_thread(|| job::run(&pipeline, &RunOptions::default(), &runtime).unwrap());
-    // Not km0's: the thread that read the others' CPU time.
-    let watcher = threads.iter().find(|(name, _)| name == WATCHER).map_or(Duration::ZERO, |t| t.1);
-    let (wall, km0_cpu, broker_cpu) =
-        (t.elapsed(), (own_cpu() - km0_0).saturating_sub(watcher), cpu_of(broker.pid()) - broker_0);
-    let n = summary.counters.read as f64;
+    let job = StockJob {
+        source: kafka_source(&broker, "km0-bench"),
+        sink: "kind = \"kafka\"\ntopic = \"inventario.alertas\"".into(),
+        extra: "[checkpoints]\ndir = \"out/checkpoints\"\ninterval = \"10s\"".into(),
+        ..StockJob::new("2m", 10)
+    };
+    let broker_0 = cpu_of(broker.pid());
+    let wrap = std::env::var("KM0_BENCH_WRAP").ok();
+    let run = run_km0(&job.write(dir.path()), wrap.as_deref());
+    let broker_cpu = cpu_of(broker.pid()) - broker_0;
+    let n = counted(&run.said, " records:") as f64;
     println!(
         "kafka -> km0 -> kafka: {n:.0} records, {} alerts in {:.2} s: {:.0} records/s; km0 CPU {:.2} s \
          ({:.0} records per km0 CPU-second), broker CPU {:.2} s; km0's share of the CPU used {:.0}%",
-        summary.counters.emitted,
-        wall.as_secs_f64(),
-        n / wall.as_secs_f64(),
-        km0_cpu.as_secs_f64(),
-        n / km0_cpu.as_secs_f64(),
+        counted(&run.said, " results emitted"),
+        run.wall.as_secs_f64(),
+        n / run.wall.as_secs_f64(),
+        run.cpu.as_secs_f64(),
+        n / run.cpu.as_secs_f64(),
         broker_cpu.as_secs_f64(),
-        100.0 * km0_cpu.as_secs_f64() / (km0_cpu + broker_cpu).as_secs_f64()
+        100.0 * run.cpu.as_secs_f64() / (run.cpu + broker_cpu).as_secs_f64()
     );
     let threads: Vec<String> =
-        threads.iter().map(|(name, cpu)| format!("{name} {:.2} s", cpu.as_secs_f64())).collect();
+        run.threads.iter().map(|(name, cpu)| format!("{name} {:.2} s", cpu.as_secs_f64())).collect();
     println!("km0 CPU by thread (from /proc, 10 ms ticks): {}", threads.join(", "));
 
     let files = tempfile::tempdir().unwrap();
-    let (c0, t) = (own_cpu(), Instant::now());
-    let (_, counters, _) = s.file_run(files.path());
-    let (wall, cpu) = (t.elapsed(), own_cpu() - c0);
+    let job = StockJob { source: s.file_source(files.path()), ..StockJob::new("2m", 10) };
+    let run = run_km0(&job.write(files.path()), None);
+    let n = counted(&run.said, " records:") as f64;
     println!(
-        "files -> km0 -> file (same records): {} records in {:.2} s: {:.0} records/s, {:.0} records per CPU-second",
-        counters.read,
-        wall.as_secs_f64(),
-        counters.read as f64 / wall.as_secs_f64(),
-        counters.read as f64 / cpu.as_secs_f64()
+        "files -> km0 -> file (same records): {n:.0} records in {:.2} s: {:.0} records/s, {:.0} records per CPU-second",
+        run.wall.as_secs_f64(),
+        n / run.wall.as_secs_f64(),
+        n / run.cpu.as_secs_f64()
     );
 }

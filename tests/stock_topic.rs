@@ -68,22 +68,28 @@ impl Stream {
         self.file_run_with(dir, 10)
     }
 
-    /// As [`Stream::file_run`], alerting below `threshold`.
-    pub fn file_run_with(
-        &self,
-        dir: &Path,
-        threshold: i64,
-    ) -> (BTreeMap<String, serde_json::Value>, job::Counters, usize) {
+    /// The partitions written to files in `dir`, one each: the body of a `[source]` that
+    /// reads them round-robin.
+    pub fn file_source(&self, dir: &Path) -> String {
         let mut paths = Vec::new();
         for (p, lines) in self.parts.iter().enumerate() {
             let path = dir.join(format!("part-{p}.jsonl"));
             std::fs::write(&path, lines.join("\n") + "\n").unwrap();
             paths.push(format!("{:?}", path.display().to_string()));
         }
+        format!("kind = \"file\"\npaths = [{}]", paths.join(", "))
+    }
+
+    /// As [`Stream::file_run`], alerting below `threshold`.
+    pub fn file_run_with(
+        &self,
+        dir: &Path,
+        threshold: i64,
+    ) -> (BTreeMap<String, serde_json::Value>, job::Counters, usize) {
         let pipeline = write_pipeline_with(
             dir,
             threshold,
-            &format!("kind = \"file\"\npaths = [{}]", paths.join(", ")),
+            &self.file_source(dir),
             "kind = \"file\"\npath = \"out/alertas.jsonl\"",
             "path = \"out/dead-letter.jsonl\"",
             "",

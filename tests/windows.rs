@@ -85,6 +85,11 @@ fn ev(v: &serde_json::Value) -> Ev {
 
 impl Case {
     fn pipeline(&self, window: &str, plugin_name: &str, delay: &str, idle_after: u64) -> Pipeline {
+        self.pipeline_of(window, &plugin(plugin_name), delay, idle_after)
+    }
+
+    /// [`Case::pipeline`] with the plugin component at `wasm`.
+    fn pipeline_of(&self, window: &str, wasm: &Path, delay: &str, idle_after: u64) -> Pipeline {
         let paths: Vec<String> =
             self.files.iter().map(|f| format!("{:?}", f.display().to_string())).collect();
         let source = if self.by_field {
@@ -118,7 +123,7 @@ path = "out/dead.jsonl"
 [savepoints]
 dir = "out/savepoints"
 "#,
-            plugin = plugin(plugin_name).display()
+            plugin = wasm.display()
         );
         let path = self.dir.path().join("pipeline.toml");
         std::fs::write(&path, text).unwrap();
@@ -199,7 +204,19 @@ fn assert_same(got: &[(String, serde_json::Value)], want: &model::Outcome, plugi
 }
 
 fn check_against_model(case: Case, window: &str, kind: Kind, plugin_name: &str, lateness: i64) {
-    let p = case.pipeline(window, plugin_name, "45s", 300);
+    check_component_against_model(&case, window, kind, &plugin(plugin_name), plugin_name, lateness);
+}
+
+/// [`check_against_model`] of the component at `wasm`, which is plugin `plugin_name`.
+fn check_component_against_model(
+    case: &Case,
+    window: &str,
+    kind: Kind,
+    wasm: &Path,
+    plugin_name: &str,
+    lateness: i64,
+) {
+    let p = case.pipeline_of(window, wasm, "45s", 300);
     let s = run(&p, RunOptions::default());
     let spec = Spec { kind, delay: 45_000, lateness, idle_after: Some(300) };
     let want = model::run(&case.inputs(), case.known_partitions(), spec);
@@ -216,6 +233,35 @@ const SESSION: &str = "kind = \"session\"\ngap = \"3m\"";
 #[test]
 fn sliding_distance_matches_the_model() {
     check_against_model(by_field(40, 90), SLIDING, Kind::Sliding(300_000, 60_000), "distance", 0);
+}
+
+#[test]
+fn a_plugin_without_panes_has_its_sliding_windows_merged_pairwise_to_the_same_results() {
+    // distance as km0 built it against contract 0.3.0, a fixture: without `panes`, each
+    // window's panes are merged with one `merge` call a pane after the first, then
+    // finished; today's distance merges and finishes each window in one call. Both match
+    // the model, and their results are the same bytes.
+    let fixture = repo().join("host/tests/fixtures/distance-contract-0.3.0.wasm");
+    let runtime = PluginRuntime::new().unwrap();
+    let (old, _) = runtime.inspect(&fixture).unwrap();
+    let (new, _) = runtime.inspect(&plugin("distance")).unwrap();
+    assert_eq!((old.contract.as_str(), new.contract.as_str()), ("0.3.0", km0::plugin::CONTRACT_VERSION));
+    let mut results = Vec::new();
+    for wasm in [fixture, plugin("distance")] {
+        let case = three_files(40, 90);
+        let window = format!("{SLIDING}\nallowed_lateness = \"2m\"");
+        check_component_against_model(
+            &case,
+            &window,
+            Kind::Sliding(300_000, 60_000),
+            &wasm,
+            "distance",
+            120_000,
+        );
+        results.push(std::fs::read_to_string(case.out("panel.jsonl")).unwrap());
+    }
+    assert!(results[0].lines().count() > 1000, "{} results", results[0].lines().count());
+    assert_eq!(results[0], results[1]);
 }
 
 #[test]

@@ -287,45 +287,50 @@ fn a_4_gb_allocation_and_an_oversized_result_are_refused() {
 
 #[test]
 fn a_plugin_built_against_another_contract_version_is_refused_naming_both() {
-    // min-stock with every `km0:plugin/...@0.3.0` name rewritten to 0.4.0 (same length):
+    // min-stock with every `km0:plugin/...@0.4.0` name rewritten to 0.5.0 (same length):
     // a component built against a contract this host does not implement.
     let mut wasm = std::fs::read(plugin("min-stock")).unwrap();
-    let (from, to) = (b"km0:plugin/".as_slice(), b"@0.3.0".as_slice());
+    let (from, to) = (b"km0:plugin/".as_slice(), b"@0.4.0".as_slice());
     let mut i = 0;
     let mut renamed = 0;
     while let Some(at) = wasm[i..].windows(from.len()).position(|w| w == from) {
         let start = i + at;
         let end = wasm[start..].windows(to.len()).position(|w| w == to).map(|p| start + p);
         if let Some(end) = end.filter(|e| e - start < 40) {
-            wasm[end + 3] = b'4';
+            wasm[end + 3] = b'5';
             renamed += 1;
         }
         i = start + from.len();
     }
     assert!(renamed >= 3, "{renamed}");
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("min-stock-0.4.wasm");
+    let path = dir.path().join("min-stock-0.5.wasm");
     std::fs::write(&path, &wasm).unwrap();
     let runtime = PluginRuntime::new().unwrap();
     let err = runtime.inspect(&path).map(|_| ()).unwrap_err().to_string();
     assert!(
-        err.contains("built against the km0 contract 0.4.0") && err.contains("0.1.0, 0.2.0, 0.3.0"),
+        err.contains("built against the km0 contract 0.5.0") && err.contains("0.1.0, 0.2.0, 0.3.0, 0.4.0"),
         "{err}"
     );
     // A plugin of this host's contract reports the version it was built against.
     let (identity, _) = runtime.inspect(&plugin("min-stock")).unwrap();
-    assert_eq!((identity.contract.as_str(), identity.key_fields), ("0.3.0", 2));
+    assert_eq!((identity.contract.as_str(), identity.key_fields), ("0.4.0", 2));
 }
 
 #[test]
 fn plugins_built_against_older_contracts_still_run() {
     // min-stock as km0 0.1 built it, against contract 0.1.0 (it says nothing about key
-    // fields), and as km0 built it before 0.3.0, against 0.2.0 (without `fire`: its windows
-    // are folded and finished in two calls); fixtures. They run, and their alerts are those
-    // of today's min-stock, which folds and finishes closing windows in one call.
+    // fields), as km0 built it before 0.3.0, against 0.2.0 (without `fire`: its windows
+    // are folded and finished in two calls), and before 0.4.0, against 0.3.0 (`fire`, no
+    // `panes`); fixtures. They run, and their alerts are those of today's min-stock, which
+    // folds and finishes closing windows in one call.
     let runtime = PluginRuntime::new().unwrap();
     let fixture = |v: &str| repo().join(format!("host/tests/fixtures/min-stock-contract-{v}.wasm"));
-    for (v, key_fields, world) in [("0.1.0", 0, "aggregate-plugin"), ("0.2.0", 2, "aggregate-plugin")] {
+    for (v, key_fields, world) in [
+        ("0.1.0", 0, "aggregate-plugin"),
+        ("0.2.0", 2, "aggregate-plugin"),
+        ("0.3.0", 2, "firing-aggregate-plugin"),
+    ] {
         let (identity, _) = runtime.inspect(&fixture(v)).unwrap();
         assert_eq!(
             (identity.name.as_str(), identity.contract.as_str(), identity.key_fields),
@@ -334,7 +339,7 @@ fn plugins_built_against_older_contracts_still_run() {
         assert_eq!(runtime.world(&fixture(v)).unwrap(), world);
     }
     assert_eq!(runtime.world(&plugin("min-stock")).unwrap(), "firing-aggregate-plugin");
-    let outputs: Vec<String> = [fixture("0.1.0"), fixture("0.2.0"), plugin("min-stock")]
+    let outputs: Vec<String> = [fixture("0.1.0"), fixture("0.2.0"), fixture("0.3.0"), plugin("min-stock")]
         .iter()
         .map(|wasm| {
             let dir = tempfile::tempdir().unwrap();
@@ -354,6 +359,7 @@ fn plugins_built_against_older_contracts_still_run() {
     assert!(outputs[0].lines().count() > 100);
     assert_eq!(outputs[0], outputs[1]);
     assert_eq!(outputs[0], outputs[2]);
+    assert_eq!(outputs[0], outputs[3]);
 }
 
 /// Run `plugin_name` (a hostile plugin) over `times` of keys (`producto`, `fecha_ms`).

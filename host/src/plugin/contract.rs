@@ -2,22 +2,24 @@
 //! every older minor version kept in `wit/<version>/`. Each has its own bindings; they
 //! share the data types (the `types` interface has not changed since 0.1.0), so a call
 //! costs the same whatever version the plugin was built against. A 0.3.0 plugin may also
-//! export `fire` (world `firing-aggregate-plugin`).
+//! export `fire` (world `firing-aggregate-plugin`); a 0.4.0 plugin `fire` and `panes`,
+//! each bound on its own.
 
 use super::sandbox::GuestState;
 use super::{Emitted, Events, Groups, Packed, PluginInfo};
 use wasmtime::component::InstancePre;
 use wasmtime::Store;
 
-/// Contract 0.3.0 (current): adds the optional interface `fire`.
-pub mod v0_3 {
+/// Contract 0.4.0 (current): adds the optional interface `panes`.
+pub mod v0_4 {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "km0:plugin/aggregate-plugin",
     });
 
-    /// A 0.3.0 plugin that exports `fire` too.
-    pub mod firing {
+    /// The optional interfaces `fire` and `panes` (their world exports both; the host
+    /// binds each on its own, through its `GuestIndices`).
+    pub mod optional {
         wasmtime::component::bindgen!({
             path: "../wit",
             world: "km0:plugin/firing-aggregate-plugin",
@@ -29,12 +31,33 @@ pub mod v0_3 {
     }
 }
 
+/// Contract 0.3.0: adds the optional interface `fire`.
+pub mod v0_3 {
+    wasmtime::component::bindgen!({
+        path: "../wit/0.3.0",
+        world: "km0:plugin/aggregate-plugin",
+        with: { "km0:plugin/types@0.3.0": super::v0_4::km0::plugin::types },
+    });
+
+    /// A 0.3.0 plugin that exports `fire` too.
+    pub mod firing {
+        wasmtime::component::bindgen!({
+            path: "../wit/0.3.0",
+            world: "km0:plugin/firing-aggregate-plugin",
+            with: {
+                "km0:plugin/types@0.3.0": super::super::v0_4::km0::plugin::types,
+                "km0:plugin/aggregate@0.3.0": super::exports::km0::plugin::aggregate,
+            },
+        });
+    }
+}
+
 /// Contract 0.2.0: adds `key-fields`.
 pub mod v0_2 {
     wasmtime::component::bindgen!({
         path: "../wit/0.2.0",
         world: "km0:plugin/aggregate-plugin",
-        with: { "km0:plugin/types@0.2.0": super::v0_3::km0::plugin::types },
+        with: { "km0:plugin/types@0.2.0": super::v0_4::km0::plugin::types },
     });
 }
 
@@ -43,18 +66,26 @@ pub mod v0_1 {
     wasmtime::component::bindgen!({
         path: "../wit/0.1.0",
         world: "km0:plugin/aggregate-plugin",
-        with: { "km0:plugin/types@0.1.0": super::v0_3::km0::plugin::types },
+        with: { "km0:plugin/types@0.1.0": super::v0_4::km0::plugin::types },
     });
 }
 
 /// The contract version of `wit/aggregate.wit`.
-pub const CURRENT: &str = "0.3.0";
+pub const CURRENT: &str = "0.4.0";
 
 /// Every contract version this host runs plugins of, oldest first.
-pub const SUPPORTED: &[&str] = &["0.1.0", "0.2.0", "0.3.0"];
+pub const SUPPORTED: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.4.0"];
+
+use v0_4::optional::exports::km0::plugin::{fire, panes};
 
 /// A component linked against the version it was built for, ready to instantiate.
 pub enum Pre {
+    /// 0.4.0, with the optional interfaces it exports.
+    V0_4 {
+        base: v0_4::AggregatePluginPre<GuestState>,
+        fire: Option<fire::GuestIndices>,
+        panes: Option<panes::GuestIndices>,
+    },
     Firing(v0_3::firing::FiringAggregatePluginPre<GuestState>),
     V0_3(v0_3::AggregatePluginPre<GuestState>),
     V0_2(v0_2::AggregatePluginPre<GuestState>),
@@ -62,20 +93,38 @@ pub enum Pre {
 }
 
 impl Pre {
-    /// Bind `pre` to contract `version` (one of [`SUPPORTED`]); a 0.3.0 plugin that exports
-    /// `fire` (`fires`) to the world that has it, so that a `fire` of the wrong shape is
-    /// refused rather than left unused.
-    pub fn new(version: &str, pre: InstancePre<GuestState>, fires: bool) -> wasmtime::Result<Pre> {
+    /// Bind `pre` to contract `version` (one of [`SUPPORTED`]); a plugin that exports
+    /// `fire` (`fires`) or `panes` (`merges`) with it, so that an optional interface of
+    /// the wrong shape is refused rather than left unused.
+    pub fn new(
+        version: &str,
+        pre: InstancePre<GuestState>,
+        fires: bool,
+        merges: bool,
+    ) -> wasmtime::Result<Pre> {
         match version {
             "0.1.0" => Ok(Pre::V0_1(v0_1::AggregatePluginPre::new(pre)?)),
             "0.2.0" => Ok(Pre::V0_2(v0_2::AggregatePluginPre::new(pre)?)),
-            _ if fires => Ok(Pre::Firing(v0_3::firing::FiringAggregatePluginPre::new(pre)?)),
-            _ => Ok(Pre::V0_3(v0_3::AggregatePluginPre::new(pre)?)),
+            "0.3.0" if fires => Ok(Pre::Firing(v0_3::firing::FiringAggregatePluginPre::new(pre)?)),
+            "0.3.0" => Ok(Pre::V0_3(v0_3::AggregatePluginPre::new(pre)?)),
+            _ => Ok(Pre::V0_4 {
+                fire: fires.then(|| fire::GuestIndices::new(&pre)).transpose()?,
+                panes: merges.then(|| panes::GuestIndices::new(&pre)).transpose()?,
+                base: v0_4::AggregatePluginPre::new(pre)?,
+            }),
         }
     }
 
     pub fn instantiate(&self, store: &mut Store<GuestState>) -> wasmtime::Result<Instance> {
         match self {
+            Pre::V0_4 { base, fire, panes } => {
+                let instance = base.instance_pre().instantiate(&mut *store)?;
+                Ok(Instance::V0_4 {
+                    fire: fire.as_ref().map(|f| f.load(&mut *store, &instance)).transpose()?,
+                    panes: panes.as_ref().map(|p| p.load(&mut *store, &instance)).transpose()?,
+                    base: v0_4::AggregatePlugin::new(&mut *store, &instance)?,
+                })
+            }
             Pre::Firing(p) => p.instantiate(store).map(Instance::Firing),
             Pre::V0_3(p) => p.instantiate(store).map(Instance::V0_3),
             Pre::V0_2(p) => p.instantiate(store).map(Instance::V0_2),
@@ -86,6 +135,7 @@ impl Pre {
 
 /// An instance of a plugin, of whichever contract version.
 pub enum Instance {
+    V0_4 { base: v0_4::AggregatePlugin, fire: Option<fire::Guest>, panes: Option<panes::Guest> },
     Firing(v0_3::firing::FiringAggregatePlugin),
     V0_3(v0_3::AggregatePlugin),
     V0_2(v0_2::AggregatePlugin),
@@ -96,6 +146,7 @@ pub enum Instance {
 macro_rules! each_version {
     ($self:expr, $store:expr, $call:ident ( $($arg:expr),* )) => {
         match $self {
+            Instance::V0_4 { base, .. } => base.km0_plugin_aggregate().$call($store $(, $arg)*),
             Instance::Firing(i) => i.km0_plugin_aggregate().$call($store $(, $arg)*),
             Instance::V0_3(i) => i.km0_plugin_aggregate().$call($store $(, $arg)*),
             Instance::V0_2(i) => i.km0_plugin_aggregate().$call($store $(, $arg)*),
@@ -114,6 +165,7 @@ impl Instance {
     /// Key fields the plugin reads; a 0.1.0 plugin does not say (0: any).
     pub fn key_fields(&self, store: &mut Store<GuestState>) -> wasmtime::Result<u32> {
         match self {
+            Instance::V0_4 { base, .. } => base.km0_plugin_aggregate().call_key_fields(store),
             Instance::Firing(i) => i.km0_plugin_aggregate().call_key_fields(store),
             Instance::V0_3(i) => i.km0_plugin_aggregate().call_key_fields(store),
             Instance::V0_2(i) => i.km0_plugin_aggregate().call_key_fields(store),
@@ -139,7 +191,13 @@ impl Instance {
 
     /// Whether the plugin folds and finishes closing windows in one call (`fire`).
     pub fn fires(&self) -> bool {
-        matches!(self, Instance::Firing(_))
+        matches!(self, Instance::Firing(_) | Instance::V0_4 { fire: Some(_), .. })
+    }
+
+    /// Whether the plugin merges sliding windows' panes and finishes them in one call
+    /// (`panes`).
+    pub fn merges_panes(&self) -> bool {
+        matches!(self, Instance::V0_4 { panes: Some(_), .. })
     }
 
     /// `fire.add-and-finish`; None when the plugin does not export it.
@@ -151,6 +209,23 @@ impl Instance {
     ) -> Option<Call<Vec<Emitted>>> {
         match self {
             Instance::Firing(i) => Some(i.km0_plugin_fire().call_add_and_finish(store, groups, events)),
+            Instance::V0_4 { fire: Some(f), .. } => Some(f.call_add_and_finish(store, groups, events)),
+            _ => None,
+        }
+    }
+
+    /// `panes.merge-and-finish`; None when the plugin does not export it.
+    pub fn merge_and_finish(
+        &self,
+        store: &mut Store<GuestState>,
+        groups: &Groups,
+        panes: &Packed,
+        counts: &[u32],
+    ) -> Option<Call<Vec<Emitted>>> {
+        match self {
+            Instance::V0_4 { panes: Some(p), .. } => {
+                Some(p.call_merge_and_finish(store, groups, panes, counts))
+            }
             _ => None,
         }
     }

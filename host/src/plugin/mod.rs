@@ -24,7 +24,7 @@ use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store, Trap};
 
-pub use contract::v0_3::km0::plugin::types::{
+pub use contract::v0_4::km0::plugin::types::{
     Column, Emitted, Events, Field, FieldType, Groups, Packed, PluginInfo,
 };
 use contract::{Instance, Pre};
@@ -229,11 +229,11 @@ impl PluginRuntime {
     }
 
     /// The world a component implements: `firing-aggregate-plugin` when it exports `fire`
-    /// too, else `aggregate-plugin`.
+    /// or `panes` too, else `aggregate-plugin`.
     pub fn world(&self, path: &Path) -> Result<&'static str> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
         let p = self.instantiate(&path.display().to_string(), &bytes, Limits::default())?;
-        Ok(if p.fires() { "firing-aggregate-plugin" } else { "aggregate-plugin" })
+        Ok(if p.fires() || p.merges_panes() { "firing-aggregate-plugin" } else { "aggregate-plugin" })
     }
 
     /// [`PluginRuntime::inspect`] of a component's bytes.
@@ -285,8 +285,10 @@ impl PluginRuntime {
             ))
         };
         let pre = self.linker.instantiate_pre(&component).map_err(contract)?;
-        let fires = exports(&self.engine, &component).iter().any(|n| n.starts_with("km0:plugin/fire@"));
-        let pre = Pre::new(&version, pre, fires).map_err(contract)?;
+        let exported = exports(&self.engine, &component);
+        let exports_one = |name: &str| exported.iter().any(|n| n.starts_with(name));
+        let (fires, merges) = (exports_one("km0:plugin/fire@"), exports_one("km0:plugin/panes@"));
+        let pre = Pre::new(&version, pre, fires, merges).map_err(contract)?;
         let running = self.ticker.running();
         let instance = pre.instantiate(&mut store).map_err(contract)?;
         let info = instance.info(&mut store).map_err(|e| fail(format!("info trapped: {e:#}")))?;
@@ -472,6 +474,28 @@ impl Plugin {
                 .unwrap_or_else(|| Ok(Err("the plugin does not export fire".into())))
         })?;
         self.check_emitted("add-and-finish", out, groups)
+    }
+
+    /// Whether the plugin merges a sliding window's panes and finishes it in one call (it
+    /// exports `panes`).
+    pub fn merges_panes(&self) -> bool {
+        self.instance.merges_panes()
+    }
+
+    /// Merge each group's panes (`counts[i]` items of `panes`, earliest first) and finish
+    /// its window in one call (`panes.merge-and-finish`); refused when the plugin does not
+    /// export `panes`.
+    pub fn merge_and_finish(
+        &mut self,
+        groups: &Groups,
+        panes: &Packed,
+        counts: &[u32],
+    ) -> Result<Vec<Emitted>> {
+        let out = self.call("merge-and-finish", |i, store| {
+            i.merge_and_finish(store, groups, panes, counts)
+                .unwrap_or_else(|| Ok(Err("the plugin does not export panes".into())))
+        })?;
+        self.check_emitted("merge-and-finish", out, groups)
     }
 
     /// Records that name a group of the call.

@@ -28,6 +28,28 @@ pub trait Aggregator: Send {
     fn add_and_finish(&mut self, groups: &mut Groups, events: &Events) -> Result<Vec<Emitted>> {
         add_then_finish(self, groups, events)
     }
+    /// Whether the logic merges a sliding window's panes and finishes the window in one
+    /// call (a plugin that exports `panes`): then the window operator uses
+    /// [`Aggregator::merge_and_finish`].
+    fn merges_panes(&self) -> bool {
+        false
+    }
+    /// The results of the groups' windows, group `i` the merge of `counts[i]` consecutive
+    /// accumulators of `panes`, earliest first (`groups.accumulators` holds an empty item
+    /// per group): what `merge` of them, earliest first, then `finish` gives. Only called
+    /// when [`Aggregator::merges_panes`]; refused otherwise.
+    fn merge_and_finish(
+        &mut self,
+        _groups: &Groups,
+        _panes: &Packed,
+        _counts: &[u32],
+    ) -> Result<Vec<Emitted>> {
+        Err(crate::Error::PluginCall {
+            plugin: self.identity().name.clone(),
+            call: "merge-and-finish",
+            message: "the logic does not merge panes".into(),
+        })
+    }
     /// Accumulators of state schema `from` in this logic's schema.
     fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed>;
     /// A fresh instance after a fault (state lives in the host: nothing is lost).
@@ -69,6 +91,14 @@ impl Aggregator for Plugin {
         } else {
             add_then_finish(self, groups, events)
         }
+    }
+
+    fn merges_panes(&self) -> bool {
+        Plugin::merges_panes(self)
+    }
+
+    fn merge_and_finish(&mut self, groups: &Groups, panes: &Packed, counts: &[u32]) -> Result<Vec<Emitted>> {
+        Plugin::merge_and_finish(self, groups, panes, counts)
     }
 
     fn migrate(&mut self, from: u32, accumulators: &Packed) -> Result<Packed> {

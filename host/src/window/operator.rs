@@ -17,7 +17,9 @@ use super::aggregator::Aggregator;
 use super::{Assigner, Window};
 use crate::pipeline::WindowSpec;
 use crate::plugin::batch::{empty_groups, fill_groups, packed_of, Batch, SlotRows, Value};
-use crate::plugin::{packed_item, packed_push, FieldType, Groups, OnError, Packed, PluginIdentity};
+use crate::plugin::{
+    packed_clear, packed_item, packed_push, FieldType, Groups, OnError, Packed, PluginIdentity,
+};
 use crate::source::json::Scalar;
 use crate::state::captured::CapturedSlots;
 use crate::state::{
@@ -184,6 +186,11 @@ pub struct WindowOperator {
     placed_slots: Vec<(u32, Window, (i64, SlotHandle))>,
     /// Firings left that take two calls after a fault in one (see [`Self::fire_closing`]).
     fire_paused: u32,
+    /// Firings of sliding windows left that take `merge` and `finish` calls after a fault
+    /// in `merge-and-finish` (see [`Self::emit_panes`]).
+    panes_paused: u32,
+    /// Scratch of [`Self::emit_panes`]: the panes' accumulators of a call.
+    pane_accs: Packed,
     counters: OperatorCounters,
     /// Slots removed since the last checkpoint (encoded key, slot id), when a backend
     /// keeps an incremental copy.
@@ -244,6 +251,8 @@ impl WindowOperator {
             fired_slots: Vec::new(),
             placed_slots: Vec::new(),
             fire_paused: 0,
+            panes_paused: 0,
+            pane_accs: crate::plugin::empty_packed(),
             counters: OperatorCounters::default(),
             removed: None,
             on_error: OnError::default(),
@@ -1050,6 +1059,13 @@ impl WindowOperator {
         if fires.is_empty() {
             return Ok(());
         }
+        if let Assigner::Sliding { size, slide } = self.assigner {
+            if self.panes_paused > 0 {
+                self.panes_paused -= 1;
+            } else if self.plugin.merges_panes() {
+                return self.emit_panes(fires, size, slide, out);
+            }
+        }
         // (key, window, accumulator) of every window.
         // Into the buffers of the last call: no allocation, no page touched for the first
         // time, as windows fire.
@@ -1070,6 +1086,15 @@ impl WindowOperator {
         let mut placed = std::mem::take(&mut self.placed);
         order_windows(&mut self.keys, &mut windows, &mut self.by_rank, &mut placed);
         self.placed = placed;
+        let done = self.finish_windows(&windows, out);
+        windows.clear();
+        self.fired = windows;
+        done
+    }
+
+    /// `finish` of windows in the order their results are written, in calls of up to the
+    /// batch size (after a fault that `on_error` dead-letters, one call per window).
+    fn finish_windows(&mut self, windows: &[(u32, Window, Acc)], out: &mut Vec<Emitted>) -> Result<()> {
         for chunk in windows.chunks(self.batch_size) {
             let keys = &self.keys;
             fill_groups(
@@ -1095,8 +1120,58 @@ impl WindowOperator {
             self.counters.windows_fired += chunk.len() as u64;
             self.write_results(emitted, chunk, whole_call.then_some(CallGroups::Finish), out)?;
         }
-        windows.clear();
-        self.fired = windows;
+        Ok(())
+    }
+
+    /// Sliding windows of a plugin that exports `panes`: each window's panes merged and
+    /// the window finished in one call ([`Aggregator::merge_and_finish`]) per batch of
+    /// windows; nothing is written back (the panes stay as they are). After a fault that
+    /// `on_error` dead-letters, the windows of that call take `merge` and `finish` calls,
+    /// which isolate it, and so do the next [`FIRE_PAUSE`] firings.
+    fn emit_panes(
+        &mut self,
+        fires: &[(u32, i64)],
+        size: i64,
+        slide: i64,
+        out: &mut Vec<Emitted>,
+    ) -> Result<()> {
+        let (mut windows, panes) = self.find_panes(fires, size, slide);
+        let mut placed = Vec::new();
+        order_windows(&mut self.keys, &mut windows, &mut self.by_rank, &mut placed);
+        let mut accs = std::mem::replace(&mut self.pane_accs, crate::plugin::empty_packed());
+        let mut counts = Vec::new();
+        for chunk in windows.chunks(self.batch_size) {
+            fill_groups(&mut self.fire_groups, &self.keys, chunk.iter().map(|&(k, w, _)| (k, w, &[][..])));
+            packed_clear(&mut accs);
+            counts.clear();
+            for &(k, _, (from, to)) in chunk {
+                for &(p, h) in &panes[from as usize..to as usize] {
+                    packed_push(&mut accs, self.state.acc_at(h, k, p));
+                }
+                counts.push(to - from);
+            }
+            let arity = self.fire_groups.key_arity as usize;
+            match self.plugin.merge_and_finish(&self.fire_groups, &accs, &counts) {
+                Ok(emitted) => {
+                    let whole_call = self.fire_groups.keys.ends.len() == chunk.len() * arity;
+                    self.counters.windows_fired += chunk.len() as u64;
+                    self.write_results(emitted, chunk, whole_call.then_some(CallGroups::Finish), out)?;
+                }
+                Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
+                    tracing::warn!(error = %e, "plugin fault in merge-and-finish: merging and finishing apart");
+                    self.plugin.reset()?;
+                    self.panes_paused = FIRE_PAUSE;
+                    let fires: Vec<(u32, i64)> = chunk.iter().map(|&(k, w, _)| (k, w.end)).collect();
+                    let merged = self.merge_panes(&fires, size, slide)?;
+                    self.finish_windows(&merged, out)?;
+                }
+                Err(e) => {
+                    self.pane_accs = accs;
+                    return Err(e);
+                }
+            }
+        }
+        self.pane_accs = accs;
         Ok(())
     }
 
@@ -1262,19 +1337,17 @@ impl WindowOperator {
         Ok(out)
     }
 
-    /// Merge each sliding window's panes, earliest first, in rounds of batched calls.
-    fn merge_panes(
-        &mut self,
+    /// The open panes of each sliding window in `fires` (key, end), earliest first: the
+    /// windows that have one, each with its range in the panes' (id, handle) list.
+    #[allow(clippy::type_complexity)]
+    fn find_panes(
+        &self,
         fires: &[(u32, i64)],
         size: i64,
         slide: i64,
-    ) -> Result<Vec<(u32, Window, Acc)>> {
+    ) -> (Vec<(u32, Window, (u32, u32))>, Vec<(i64, SlotHandle)>) {
         let mut windows = Vec::with_capacity(fires.len());
-        // The open panes of window `w` (id and handle, found once):
-        // `panes[pane_at[w]..pane_at[w + 1]]`.
         let mut panes: Vec<(i64, SlotHandle)> = Vec::with_capacity(fires.len() * (size / slide) as usize);
-        let mut pane_at: Vec<usize> = Vec::with_capacity(fires.len() + 1);
-        pane_at.push(0);
         // The panes' periods, each found once for the many keys whose windows fire. Fires
         // come by end, so a pane's period is among the last few found (a call that fires
         // many ends, at the input's end, does not search them all).
@@ -1296,15 +1369,29 @@ impl WindowOperator {
                     panes.push((p, h));
                 }
             }
-            match panes.get(first) {
-                Some(&(p, h)) => {
-                    windows.push((k, Window { start, end }, Acc::from_slice(self.state.acc_at(h, k, p))));
-                    pane_at.push(panes.len());
-                }
-                None => panes.truncate(first),
+            if panes.len() > first {
+                windows.push((k, Window { start, end }, (first as u32, panes.len() as u32)));
             }
         }
-        let panes = |w: usize| &panes[pane_at[w]..pane_at[w + 1]];
+        (windows, panes)
+    }
+
+    /// Merge each sliding window's panes, earliest first, in rounds of batched calls.
+    fn merge_panes(
+        &mut self,
+        fires: &[(u32, i64)],
+        size: i64,
+        slide: i64,
+    ) -> Result<Vec<(u32, Window, Acc)>> {
+        let (found, panes) = self.find_panes(fires, size, slide);
+        let mut windows: Vec<(u32, Window, Acc)> = found
+            .iter()
+            .map(|&(k, w, (from, _))| {
+                let (p, h) = panes[from as usize];
+                (k, w, Acc::from_slice(self.state.acc_at(h, k, p)))
+            })
+            .collect();
+        let panes = |w: usize| &panes[found[w].2 .0 as usize..found[w].2 .1 as usize];
         let rounds = (0..windows.len()).map(|w| panes(w).len()).max().unwrap_or(0);
         let mut failed: Vec<Option<String>> = vec![None; windows.len()];
         for r in 1..rounds {

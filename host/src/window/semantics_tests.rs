@@ -3,7 +3,9 @@
 //! event times it is given in the order it folds them (a merge appends the later slot's);
 //! a window's result is that list; it faults on an event at time [`FAULTY`]. It may fold
 //! and finish closing windows in one call (`add_and_finish`), as a plugin that exports
-//! `fire` does. Every
+//! `fire` does, and merge a sliding window's panes and finish it in one call
+//! (`merge_and_finish`), as a plugin that exports `panes` does: [`run`] runs every case
+//! with and without it, for the same results. Every
 //! expected list is worked out by hand from the window definitions in `window/mod.rs`.
 
 use super::aggregator::Aggregator;
@@ -24,6 +26,8 @@ struct Times {
     /// Whether it folds and finishes in one call, and those calls so far.
     fires: bool,
     fused: u64,
+    /// Whether it merges a sliding window's panes and finishes it in one call.
+    panes: bool,
     /// The name of every call made so far.
     log: CallLog,
 }
@@ -36,6 +40,12 @@ fn times(ordered: bool) -> Box<dyn Aggregator> {
 
 /// [`Times`], folding and finishing in one call when `fires`; and its log of calls.
 fn times_firing(ordered: bool, fires: bool) -> (Box<dyn Aggregator>, CallLog) {
+    times_with(ordered, fires, false)
+}
+
+/// [`times_firing`], merging a sliding window's panes and finishing it in one call when
+/// `panes`.
+fn times_with(ordered: bool, fires: bool, panes: bool) -> (Box<dyn Aggregator>, CallLog) {
     let info = PluginInfo {
         name: "times".into(),
         version: "0".into(),
@@ -52,7 +62,7 @@ fn times_firing(ordered: bool, fires: bool) -> (Box<dyn Aggregator>, CallLog) {
         key_fields: 0,
     };
     let log = CallLog::default();
-    (Box::new(Times { info, identity, adds: 0, fires, fused: 0, log: log.clone() }), log)
+    (Box::new(Times { info, identity, adds: 0, fires, fused: 0, panes, log: log.clone() }), log)
 }
 
 fn item(p: &Packed, i: usize) -> &[u8] {
@@ -135,6 +145,23 @@ impl Aggregator for Times {
         Ok(out)
     }
 
+    fn merges_panes(&self) -> bool {
+        self.panes
+    }
+
+    fn merge_and_finish(&mut self, groups: &Groups, panes: &Packed, counts: &[u32]) -> Result<Vec<Emitted>> {
+        self.log.lock().unwrap().push("merge-and-finish");
+        let mut next = 0;
+        let mut out = Vec::new();
+        for (g, &n) in counts.iter().enumerate() {
+            assert!(item(&groups.accumulators, g).is_empty(), "an empty item per group");
+            let times: Vec<i64> = (next..next + n as usize).flat_map(|p| decode(item(panes, p))).collect();
+            out.push(Emitted { group: g as u32, value: serde_json::json!({ "times": times }).to_string() });
+            next += n as usize;
+        }
+        Ok(out)
+    }
+
     fn migrate(&mut self, _from: u32, accumulators: &Packed) -> Result<Packed> {
         Ok(accumulators.clone())
     }
@@ -157,8 +184,26 @@ fn run(
     ordered: bool,
     events: &[(i64, i64)],
 ) -> (BTreeMap<String, Vec<i64>>, Vec<Verdict>) {
+    let (plugin, log) = times_with(ordered, false, false);
+    let pairwise = run_with(kind, lateness, events, plugin);
+    assert!(!log.lock().unwrap().contains(&"merge-and-finish"));
+    let (plugin, log) = times_with(ordered, false, true);
+    let in_one_call = run_with(kind, lateness, events, plugin);
+    assert_eq!(in_one_call, pairwise, "merged and finished in one call, or merged pairwise");
+    if matches!(kind, WindowKind::Sliding { .. }) && !pairwise.0.is_empty() {
+        assert!(log.lock().unwrap().contains(&"merge-and-finish"), "sliding windows merged in one call");
+    }
+    pairwise
+}
+
+fn run_with(
+    kind: WindowKind,
+    lateness: i64,
+    events: &[(i64, i64)],
+    plugin: Box<dyn Aggregator>,
+) -> (BTreeMap<String, Vec<i64>>, Vec<Verdict>) {
     let spec = WindowSpec { kind, allowed_lateness_ms: lateness };
-    let mut op = WindowOperator::new("w", false, &spec, times(ordered), 1024, 1, Vec::new());
+    let mut op = WindowOperator::new("w", false, &spec, plugin, 1024, 1, Vec::new());
     let mut key = Vec::new();
     crate::state::push_key_field(&mut key, b"k");
     let mut out = Vec::new();

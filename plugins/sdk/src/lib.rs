@@ -47,7 +47,7 @@ use bindings::km0::plugin::types as wit;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the WIT contract this SDK implements.
-pub const CONTRACT_VERSION: &str = "0.3.0";
+pub const CONTRACT_VERSION: &str = "0.4.0";
 
 /// Type of a field the plugin reads from every event.
 #[derive(Clone, Copy, Debug)]
@@ -99,7 +99,8 @@ pub trait Aggregate: Sized + 'static {
     /// The accumulator. `Default` is the fresh accumulator of a new window. It must read
     /// back (postcard over serde) as it was written: a window that closes as it fires is
     /// folded and finished in one call, without the accumulator being written in between
-    /// (the contract's `fire`).
+    /// (the contract's `fire`), and a sliding window's merged panes are finished without
+    /// the merged accumulator being written (the contract's `panes`).
     type Acc: Default + Serialize + DeserializeOwned;
 
     /// Build the plugin from the pipeline's `[plugin.config]`.

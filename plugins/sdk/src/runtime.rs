@@ -172,6 +172,40 @@ fn fold<T: Aggregate>(
     Ok(())
 }
 
+/// Each group's accumulators (`counts[i]` consecutive items of `panes`) merged, earliest
+/// first, then `finish` of the result (no accumulator is encoded).
+pub fn merge_and_finish<T: Aggregate>(
+    groups: wit::Groups,
+    panes: wit::Packed,
+    counts: Vec<u32>,
+) -> Result<Vec<wit::Emitted>, String> {
+    with_plugin::<T, _>(|plugin| {
+        let n = check_groups(&groups)?;
+        if counts.len() != n {
+            return Err(format!("{} pane counts for {n} groups", counts.len()));
+        }
+        let mut out = Output { group: 0, records: Vec::new() };
+        let mut next = 0usize;
+        for (i, &count) in counts.iter().enumerate() {
+            let end = next + count as usize;
+            if end > panes.ends.len() {
+                return Err(format!("group {i} ends at pane {end}, outside 0..{}", panes.ends.len()));
+            }
+            let mut acc: T::Acc = match count {
+                0 => T::Acc::default(),
+                _ => crate::decode(packed_item(&panes, next))?,
+            };
+            for p in next + 1..end {
+                plugin.merge(&mut acc, crate::decode(packed_item(&panes, p))?);
+            }
+            next = end;
+            out.group = i as u32;
+            plugin.finish(&acc, &group_view(&groups, i), &mut out);
+        }
+        Ok(out.records)
+    })
+}
+
 pub fn merge<T: Aggregate>(left: wit::Packed, right: wit::Packed) -> Result<wit::Packed, String> {
     with_plugin::<T, _>(|plugin| {
         let n = left.ends.len();
@@ -218,8 +252,8 @@ pub fn migrate<T: Aggregate>(from_schema: u32, accs: wit::Packed) -> Result<wit:
     })
 }
 
-/// Export an [`Aggregate`] as the km0 `firing-aggregate-plugin` world (`aggregate`, and
-/// `fire` for windows that close as they fire).
+/// Export an [`Aggregate`] as the km0 `firing-aggregate-plugin` world (`aggregate`,
+/// `fire` for windows that close as they fire, and `panes` for sliding windows).
 #[macro_export]
 macro_rules! export_plugin {
     ($plugin:ty) => {
@@ -267,6 +301,15 @@ macro_rules! export_plugin {
                 events: $crate::bindings::km0::plugin::types::Events,
             ) -> Result<Vec<$crate::bindings::km0::plugin::types::Emitted>, String> {
                 $crate::__rt::add_and_finish::<$plugin>(groups, events)
+            }
+        }
+        impl $crate::bindings::exports::km0::plugin::panes::Guest for __Km0Export {
+            fn merge_and_finish(
+                groups: $crate::bindings::km0::plugin::types::Groups,
+                panes: $crate::bindings::km0::plugin::types::Packed,
+                counts: Vec<u32>,
+            ) -> Result<Vec<$crate::bindings::km0::plugin::types::Emitted>, String> {
+                $crate::__rt::merge_and_finish::<$plugin>(groups, panes, counts)
             }
         }
         $crate::bindings::__export_aggregate!(__Km0Export with_types_in $crate::bindings);

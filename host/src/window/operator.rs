@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 /// Keys interned before the first sweep of idle keys (see
 /// [`WindowOperator::forget_idle_keys`]).
 const IDLE_KEYS_KEPT: usize = 4096;
+use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::collections::HashMap;
 
@@ -142,6 +143,43 @@ struct SessionRef {
     at: SlotHandle,
 }
 
+/// Each key's open sessions, by key id (ids are dense and reused: see [`KeyTable`]), a
+/// key's first session inline: found by one load, not a hash probe.
+#[derive(Default)]
+struct SessionLists(Vec<SmallVec<[SessionRef; 1]>>);
+
+impl SessionLists {
+    /// The sessions of `key` (none: empty).
+    #[inline]
+    fn of(&self, key: u32) -> &[SessionRef] {
+        self.0.get(key as usize).map_or(&[], |l| l.as_slice())
+    }
+
+    #[inline]
+    fn of_mut(&mut self, key: u32) -> Option<&mut SmallVec<[SessionRef; 1]>> {
+        self.0.get_mut(key as usize)
+    }
+
+    fn push(&mut self, key: u32, r: SessionRef) {
+        let k = key as usize;
+        if self.0.len() <= k {
+            self.0.resize_with(k + 1, SmallVec::new);
+        }
+        self.0[k].push(r);
+    }
+
+    /// Keep the sessions of `key` that `keep` says, giving back a list's heap room
+    /// when it is left empty.
+    fn retain(&mut self, key: u32, mut keep: impl FnMut(&SessionRef) -> bool) {
+        if let Some(list) = self.0.get_mut(key as usize) {
+            list.retain(|r| keep(r));
+            if list.is_empty() && list.spilled() {
+                *list = SmallVec::new();
+            }
+        }
+    }
+}
+
 pub struct WindowOperator {
     name: String,
     /// Result keys start with `<name>|` when a pipeline has several aggregations.
@@ -170,7 +208,7 @@ pub struct WindowOperator {
     /// usually falls in it too, and then needs no division.
     last_slot: Window,
     /// Open sessions per key.
-    sessions: FastMap<u32, Vec<SessionRef>>,
+    sessions: SessionLists,
     next_session: i64,
     fire_groups: Groups,
     /// Scratch of [`place_by_rank`]: window index by key rank.
@@ -241,7 +279,7 @@ impl WindowOperator {
             next_fire: i64::MAX,
             handing_over_to_close: false,
             last_slot: Window { start: 0, end: 0 },
-            sessions: FastMap::default(),
+            sessions: SessionLists::default(),
             next_session: 0,
             fire_groups: empty_groups(key_arity as u32),
             by_rank: Vec::new(),
@@ -481,7 +519,7 @@ impl WindowOperator {
         // and the starts of those that did: their results were written under their start.
         let mut refires = false;
         let mut fired_starts: Vec<i64> = Vec::new();
-        let list = self.sessions.get_mut(&k).map_or(&mut [][..], Vec::as_mut_slice);
+        let list = self.sessions.of_mut(k).map_or(&mut [][..], |l| l.as_mut_slice());
         for (i, r) in list.iter_mut().enumerate() {
             // Through the handle kept with the session (a lookup only when it went stale).
             let Some(at) = self.state.handle_at(r.at, k, r.id) else { continue };
@@ -508,7 +546,7 @@ impl WindowOperator {
                 self.next_session += 1;
                 let (at, _) = self.state.open_at(k, id, own);
                 let armed = self.schedule(k, id, own, wm);
-                self.sessions.entry(k).or_default().push(SessionRef { id, armed, at });
+                self.sessions.push(k, SessionRef { id, armed, at });
                 id
             }
             Some((first_window, i)) => {
@@ -568,9 +606,8 @@ impl WindowOperator {
         }
         let mut others: Vec<(Window, i64)> = self
             .sessions
-            .get(&key)
-            .into_iter()
-            .flatten()
+            .of(key)
+            .iter()
             .filter(|r| r.id != target)
             .filter_map(|r| self.state.slot(key, r.id).map(|s| (s.window, r.id)))
             .filter(|(w, _)| w.overlaps(own))
@@ -606,9 +643,7 @@ impl WindowOperator {
                 }
             };
             self.remove_slot(key, other);
-            if let Some(list) = self.sessions.get_mut(&key) {
-                list.retain(|r| r.id != other);
-            }
+            self.sessions.retain(key, |r| r.id != other);
         }
         self.state.set_acc(key, target, &acc);
         Ok(())
@@ -629,12 +664,7 @@ impl WindowOperator {
     /// slot that would have set the same timer.
     fn drop_slot(&mut self, key: u32, id: i64) -> Option<Slot> {
         let (slot, _) = self.remove_slot(key, id)?;
-        if let Some(list) = self.sessions.get_mut(&key) {
-            list.retain(|r| r.id != id);
-            if list.is_empty() {
-                self.sessions.remove(&key);
-            }
-        }
+        self.sessions.retain(key, |r| r.id != id);
         Some(slot)
     }
 
@@ -752,7 +782,7 @@ impl WindowOperator {
     }
 
     fn set_armed(&mut self, key: u32, id: i64, armed: bool) {
-        if let Some(r) = self.sessions.get_mut(&key).and_then(|l| l.iter_mut().find(|r| r.id == id)) {
+        if let Some(r) = self.sessions.of_mut(key).and_then(|l| l.iter_mut().find(|r| r.id == id)) {
             r.armed = armed;
         }
     }
@@ -1550,7 +1580,7 @@ impl WindowOperator {
             self.state.open_with(k, s.id, s.window, &s.acc);
             let armed = self.schedule(k, s.id, s.window, wm);
             if matches!(self.assigner, Assigner::Session { .. }) {
-                self.sessions.entry(k).or_default().push(SessionRef { id: s.id, armed, at: NO_SLOT });
+                self.sessions.push(k, SessionRef { id: s.id, armed, at: NO_SLOT });
                 self.next_session = self.next_session.max(s.id + 1);
             }
         }

@@ -5,7 +5,8 @@
 //! the same job from files, by the same binary, for comparison. Run:
 //! `cargo build --release -p km0 && cargo bench -p km0-e2e --bench kafka`
 //! (`KM0_BENCH_EVENTS` sets the stream's size, 1 000 000 by default; `KM0_BENCH_WRAP` a
-//! command to run the Kafka job's km0 under, e.g. `perf record -g -o /tmp/km0.perf`).
+//! command to run the Kafka job's km0 under, e.g. `perf record -g -o /tmp/km0.perf`, for
+//! a profile: its CPU and threads are then counted with km0's).
 
 use km0_e2e::services::Tansu;
 use km0_e2e::stock_topic::*;
@@ -15,19 +16,21 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// CPU time of another process, from /proc (clock ticks of 1/100 s).
+/// CPU time of another process, from /proc.
 fn cpu_of(pid: u32) -> Duration {
-    cpu_in(&format!("/proc/{pid}/stat"))
+    cpu_of_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
 }
 
-/// User + system time in a /proc `stat` file (of a process or a thread).
-fn cpu_in(stat: &str) -> Duration {
-    let stat = std::fs::read_to_string(stat).unwrap_or_default();
+/// User + system time in the text of a /proc `stat` file (of a process or a thread), in
+/// clock ticks.
+fn cpu_of_stat(stat: &str) -> Duration {
     let fields: Vec<&str> =
         stat.rsplit_once(')').map(|(_, r)| r.split_whitespace().collect()).unwrap_or_default();
     let ticks: u64 = fields.get(11).and_then(|u| u.parse().ok()).unwrap_or(0)
         + fields.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Duration::from_millis(ticks * 10)
+    // SAFETY: sysconf reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_micros(ticks * 1_000_000 / per_second)
 }
 
 /// The threads of process `pid` by name (a run of digits folded: `rdk:broker#`), with
@@ -35,9 +38,11 @@ fn cpu_in(stat: &str) -> Duration {
 fn threads_of(pid: u32) -> HashMap<String, (String, Duration)> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
     tasks
-        .map(|t| {
+        .filter_map(|t| {
             let path = t.path();
-            let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            // A thread that ended since the folder was listed: its last reading stands.
+            let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+            let stat = std::fs::read_to_string(path.join("stat")).ok()?;
             let mut name = String::new();
             for c in comm.trim().chars() {
                 match c.is_ascii_digit() {
@@ -47,7 +52,7 @@ fn threads_of(pid: u32) -> HashMap<String, (String, Duration)> {
                 }
             }
             let tid = t.file_name().to_string_lossy().into_owned();
-            (tid, (name, cpu_in(&path.join("stat").to_string_lossy())))
+            Some((tid, (name, cpu_of_stat(&stat))))
         })
         .collect()
 }
@@ -59,8 +64,8 @@ struct Run {
     wall: Duration,
     /// The process's CPU time (user + system, every thread), from `wait4`.
     cpu: Duration,
-    /// CPU time by thread name, most first, from /proc read every 100 ms (a thread that
-    /// ends before the process counts with its last reading, up to 100 ms short).
+    /// CPU time by thread name, most first, from /proc read every 20 ms (a thread that
+    /// ends before the process counts with its last reading, up to 20 ms short).
     threads: Vec<(String, Duration)>,
 }
 
@@ -102,7 +107,7 @@ fn run_km0(pipeline: &Path, wrap: Option<&str>) -> Run {
             break (status, unsafe { usage.assume_init() });
         }
         assert!(done == 0, "wait4: {}", std::io::Error::last_os_error());
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     };
     let wall = t.elapsed();
     let said = std::fs::read_to_string(&said).unwrap_or_default();
@@ -118,13 +123,14 @@ fn run_km0(pipeline: &Path, wrap: Option<&str>) -> Run {
     Run { said, wall, cpu: tv(usage.ru_utime) + tv(usage.ru_stime), threads }
 }
 
-/// The number before `what` in km0's summary line (`read 400000 records`).
+/// The number before `what` in km0's summary line (`km0: read 400000 records: ...`).
 fn counted(said: &str, what: &str) -> u64 {
     said.lines()
+        .filter(|l| l.starts_with("km0: read "))
         .filter_map(|l| l.split_once(what).map(|(before, _)| before))
         .filter_map(|before| before.split_whitespace().last()?.parse().ok())
         .next_back()
-        .unwrap_or_else(|| panic!("no '{what}' in km0's output:\n{said}"))
+        .unwrap_or_else(|| panic!("no '{what}' in km0's summary:\n{said}"))
 }
 
 fn main() {
@@ -151,11 +157,15 @@ fn main() {
         extra: "[checkpoints]\ndir = \"out/checkpoints\"\ninterval = \"10s\"".into(),
         ..StockJob::new("2m", 10)
     };
+    // The plugin compiled into km0's cache before the runs are timed.
+    let warm = Command::new(km0_bin()).args(["validate"]).arg(job.write(dir.path())).output();
+    assert!(warm.is_ok_and(|o| o.status.success()), "km0 validate of the benchmark's pipeline");
     let broker_0 = cpu_of(broker.pid());
     let wrap = std::env::var("KM0_BENCH_WRAP").ok();
     let run = run_km0(&job.write(dir.path()), wrap.as_deref());
     let broker_cpu = cpu_of(broker.pid()) - broker_0;
     let n = counted(&run.said, " records:") as f64;
+    assert_eq!(n as usize, records, "km0 read every record:\n{}", run.said);
     println!(
         "kafka -> km0 -> kafka: {n:.0} records, {} alerts in {:.2} s: {:.0} records/s; km0 CPU {:.2} s \
          ({:.0} records per km0 CPU-second), broker CPU {:.2} s; km0's share of the CPU used {:.0}%",
@@ -169,7 +179,7 @@ fn main() {
     );
     let threads: Vec<String> =
         run.threads.iter().map(|(name, cpu)| format!("{name} {:.2} s", cpu.as_secs_f64())).collect();
-    println!("km0 CPU by thread (from /proc, 10 ms ticks): {}", threads.join(", "));
+    println!("km0 CPU by thread (from /proc, in clock ticks): {}", threads.join(", "));
 
     let files = tempfile::tempdir().unwrap();
     let job = StockJob { source: s.file_source(files.path()), ..StockJob::new("2m", 10) };

@@ -107,11 +107,12 @@ impl Pre {
             "0.2.0" => Ok(Pre::V0_2(v0_2::AggregatePluginPre::new(pre)?)),
             "0.3.0" if fires => Ok(Pre::Firing(v0_3::firing::FiringAggregatePluginPre::new(pre)?)),
             "0.3.0" => Ok(Pre::V0_3(v0_3::AggregatePluginPre::new(pre)?)),
-            _ => Ok(Pre::V0_4 {
+            "0.4.0" => Ok(Pre::V0_4 {
                 fire: fires.then(|| fire::GuestIndices::new(&pre)).transpose()?,
                 panes: merges.then(|| panes::GuestIndices::new(&pre)).transpose()?,
                 base: v0_4::AggregatePluginPre::new(pre)?,
             }),
+            other => Err(wasmtime::format_err!("no bindings for contract {other}")),
         }
     }
 

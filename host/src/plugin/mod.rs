@@ -228,12 +228,20 @@ impl PluginRuntime {
         self.inspect_bytes(&path.display().to_string(), &bytes)
     }
 
-    /// The world a component implements: `firing-aggregate-plugin` when it exports `fire`
-    /// or `panes` too, else `aggregate-plugin`.
+    /// The world a component implements: `firing-aggregate-plugin` when it exports its
+    /// contract's optional interfaces (0.3.0: `fire`; 0.4.0: `fire` and `panes`), else
+    /// `aggregate-plugin`, with the optional interface it exports named after it.
     pub fn world(&self, path: &Path) -> Result<&'static str> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
         let p = self.instantiate(&path.display().to_string(), &bytes, Limits::default())?;
-        Ok(if p.fires() || p.merges_panes() { "firing-aggregate-plugin" } else { "aggregate-plugin" })
+        let v0_3 = p.identity.contract == "0.3.0";
+        Ok(match (p.fires(), p.merges_panes()) {
+            (true, true) => "firing-aggregate-plugin",
+            (true, false) if v0_3 => "firing-aggregate-plugin",
+            (true, false) => "aggregate-plugin + fire",
+            (false, true) => "aggregate-plugin + panes",
+            (false, false) => "aggregate-plugin",
+        })
     }
 
     /// [`PluginRuntime::inspect`] of a component's bytes.

@@ -1171,6 +1171,11 @@ impl WindowOperator {
         let mut accs = std::mem::replace(&mut self.pane_accs, crate::plugin::empty_packed());
         let mut counts = Vec::new();
         for chunk in windows.chunks(self.batch_size) {
+            if self.panes_paused > 0 {
+                // A call of this firing faulted: the rest go the way that isolates faults.
+                self.merge_and_finish_apart(chunk, size, slide, out)?;
+                continue;
+            }
             fill_groups(&mut self.fire_groups, &self.keys, chunk.iter().map(|&(k, w, _)| (k, w, &[][..])));
             packed_clear(&mut accs);
             counts.clear();
@@ -1191,9 +1196,7 @@ impl WindowOperator {
                     tracing::warn!(error = %e, "plugin fault in merge-and-finish: merging and finishing apart");
                     self.plugin.reset()?;
                     self.panes_paused = FIRE_PAUSE;
-                    let fires: Vec<(u32, i64)> = chunk.iter().map(|&(k, w, _)| (k, w.end)).collect();
-                    let merged = self.merge_panes(&fires, size, slide)?;
-                    self.finish_windows(&merged, out)?;
+                    self.merge_and_finish_apart(chunk, size, slide, out)?;
                 }
                 Err(e) => {
                     self.pane_accs = accs;
@@ -1203,6 +1206,20 @@ impl WindowOperator {
         }
         self.pane_accs = accs;
         Ok(())
+    }
+
+    /// Windows (in the order their results are written) merged pairwise, then finished:
+    /// calls that isolate a fault to the windows that cause it.
+    fn merge_and_finish_apart(
+        &mut self,
+        windows: &[(u32, Window, (u32, u32))],
+        size: i64,
+        slide: i64,
+        out: &mut Vec<Emitted>,
+    ) -> Result<()> {
+        let fires: Vec<(u32, i64)> = windows.iter().map(|&(k, w, _)| (k, w.end)).collect();
+        let merged = self.merge_panes(&fires, size, slide)?;
+        self.finish_windows(&merged, out)
     }
 
     /// Tumbling windows of an unordered plugin that end as they fire: each window's staged

@@ -18,6 +18,10 @@ use std::collections::BTreeMap;
 /// An event at this time makes the double's `add` fail (a plugin fault).
 const FAULTY: i64 = 13;
 
+/// A pane with an event at this time makes the double's `merge_and_finish` fail (its
+/// `add`, `merge` and `finish` take it).
+const FAULTY_PANE: i64 = 17;
+
 struct Times {
     info: PluginInfo,
     identity: PluginIdentity,
@@ -151,6 +155,10 @@ impl Aggregator for Times {
 
     fn merge_and_finish(&mut self, groups: &Groups, panes: &Packed, counts: &[u32]) -> Result<Vec<Emitted>> {
         self.log.lock().unwrap().push("merge-and-finish");
+        if decode(&panes.bytes).contains(&FAULTY_PANE) {
+            let message = "faulty pane".into();
+            return Err(Error::PluginCall { plugin: "times".into(), call: "merge-and-finish", message });
+        }
         let mut next = 0;
         let mut out = Vec::new();
         for (g, &n) in counts.iter().enumerate() {
@@ -221,6 +229,53 @@ fn run_with(
         })
         .collect();
     (results, verdicts)
+}
+
+#[test]
+fn after_a_fault_in_merging_and_finishing_in_one_call_the_windows_are_merged_pairwise() {
+    // Size 10 every 5, keys a and b, a call per window (batch size 1), all firing at the
+    // end of the input. a: 3, 7, 17; b: 4, 12. Panes holding 17 fail the double's
+    // merge-and-finish: the windows of that call, and of the rest of the firing, are
+    // merged pairwise and finished; none is lost or written twice. Worked out by hand:
+    let want = windows(&[
+        ("-5|a", &[3]),
+        ("0|a", &[3, 7]),
+        ("5|a", &[7]),
+        ("10|a", &[17]),
+        ("15|a", &[17]),
+        ("-5|b", &[4]),
+        ("0|b", &[4]),
+        ("5|b", &[12]),
+        ("10|b", &[12]),
+    ]);
+    for panes in [false, true] {
+        let (plugin, log) = times_with(false, false, panes);
+        let spec =
+            WindowSpec { kind: WindowKind::Sliding { size_ms: 10, slide_ms: 5 }, allowed_lateness_ms: 0 };
+        let mut op = WindowOperator::new("w", false, &spec, plugin, 1, 1, Vec::new());
+        let mut out = Vec::new();
+        for (k, t) in [("a", 3), ("b", 4), ("a", 7), ("b", 12), ("a", 17)] {
+            let mut key = Vec::new();
+            crate::state::push_key_field(&mut key, k.as_bytes());
+            assert_eq!(op.on_event(&key, t, NONE, &[], &mut out).unwrap(), Verdict::Accepted);
+        }
+        op.drain(&mut out).unwrap();
+        let mut got = BTreeMap::new();
+        for e in &out {
+            let v: serde_json::Value = serde_json::from_str(e.value.as_deref().unwrap()).unwrap();
+            let times = v["times"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect();
+            assert!(got.insert(e.key.clone(), times).is_none(), "{} written twice", e.key);
+        }
+        assert_eq!(got, want, "panes in one call: {panes}");
+        let log = log.lock().unwrap();
+        let fused = log.iter().filter(|&&c| c == "merge-and-finish").count();
+        // One call until the fault (the first window holding 17), then none.
+        assert_eq!((fused > 0, log.last()), (panes, Some(&"finish")), "{log:?}");
+        if panes {
+            let first_fault = out.iter().position(|e| e.key.starts_with("10|a")).unwrap();
+            assert_eq!(fused, first_fault + 1, "{log:?}");
+        }
+    }
 }
 
 fn windows(list: &[(&str, &[i64])]) -> BTreeMap<String, Vec<i64>> {

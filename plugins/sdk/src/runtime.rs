@@ -187,10 +187,10 @@ pub fn merge_and_finish<T: Aggregate>(
         let mut out = Output { group: 0, records: Vec::new() };
         let mut next = 0usize;
         for (i, &count) in counts.iter().enumerate() {
-            let end = next + count as usize;
-            if end > panes.ends.len() {
-                return Err(format!("group {i} ends at pane {end}, outside 0..{}", panes.ends.len()));
-            }
+            let end =
+                next.checked_add(count as usize).filter(|&e| e <= panes.ends.len()).ok_or_else(|| {
+                    format!("group {i}'s {count} panes from pane {next} go past the {}", panes.ends.len())
+                })?;
             let mut acc: T::Acc = match count {
                 0 => T::Acc::default(),
                 _ => crate::decode(packed_item(&panes, next))?,
@@ -201,6 +201,9 @@ pub fn merge_and_finish<T: Aggregate>(
             next = end;
             out.group = i as u32;
             plugin.finish(&acc, &group_view(&groups, i), &mut out);
+        }
+        if next != panes.ends.len() {
+            return Err(format!("{} panes for groups that count {next}", panes.ends.len()));
         }
         Ok(out.records)
     })

@@ -395,11 +395,17 @@ impl WindowOperator {
     }
 
     /// Check the plugin's columns in a projected record; the reason names the field.
-    /// An integer column's value is checked inline, others out of line.
+    /// Numbers are checked inline (an integer column's integer, a float column's number:
+    /// the reference plugins' columns), others out of line.
     #[inline]
     pub fn check(&self, slots: &[Option<Scalar>], names: &[String]) -> Result<(), String> {
         for &(slot, ty) in &self.columns {
-            if !matches!((ty, &slots[slot]), (FieldType::Int, Some(Scalar::Int(_)))) {
+            let fits = matches!(
+                (ty, &slots[slot]),
+                (FieldType::Int, Some(Scalar::Int(_)))
+                    | (FieldType::Float, Some(Scalar::Number(_) | Scalar::Int(_)))
+            );
+            if !fits {
                 check_column(slot, ty, &slots[slot], names)?;
             }
         }

@@ -1404,22 +1404,32 @@ impl WindowOperator {
         // The panes' periods, each found once for the many keys whose windows fire. Fires
         // come by end, so a pane's period is among the last few found (a call that fires
         // many ends, at the input's end, does not search them all).
+        // The windows of one end (most of a firing's, one per key) share their panes'
+        // periods: `at` holds where they are in `periods`, for the end `at_end`.
         let n_panes = (size / slide) as usize;
         let mut periods: Vec<(i64, PeriodSlots)> = Vec::new();
+        let (mut at, mut at_end) = (Vec::with_capacity(n_panes), None);
         for &(k, end) in fires {
             let start = end - size;
+            if at_end != Some(end) {
+                at.clear();
+                for p in (0..size / slide).map(|i| start + i * slide) {
+                    let recent = periods.len().saturating_sub(2 * n_panes);
+                    at.push(match periods[recent..].iter().rposition(|(id, _)| *id == p) {
+                        Some(at) => recent + at,
+                        None => {
+                            periods.push((p, self.state.period(p)));
+                            periods.len() - 1
+                        }
+                    });
+                }
+                at_end = Some(end);
+            }
             let first = panes.len();
-            for p in (0..size / slide).map(|i| start + i * slide) {
-                let recent = periods.len().saturating_sub(2 * n_panes);
-                let at = match periods[recent..].iter().rposition(|(id, _)| *id == p) {
-                    Some(at) => recent + at,
-                    None => {
-                        periods.push((p, self.state.period(p)));
-                        periods.len() - 1
-                    }
-                };
-                if let Some(h) = periods[at].1.handle(k) {
-                    panes.push((p, h));
+            for &i in &at {
+                let (p, slots) = &periods[i];
+                if let Some(h) = slots.handle(k) {
+                    panes.push((*p, h));
                 }
             }
             if panes.len() > first {

@@ -17,8 +17,9 @@ are its own:
     once it has read everything (nothing fired yet), with ~1M and ~250k open windows:
     the difference over the difference in windows;
   - Kafka -> km0 -> Kafka against a local tansu broker (tests/bench_kafka.rs): the CPU
-    per record of the release km0 process (start-up, every thread). Skipped, and said so, without tansu (KM0_TANSU, else the folder
-    scripts/install-tansu.sh installs into, else `tansu` on PATH).
+    per record of the release km0 process (start-up, every thread). Skipped, and said
+    so, without tansu (KM0_TANSU, else the folder scripts/install-tansu.sh installs
+    into, else `tansu` on PATH).
 
   scripts/bench.py [--quick] [--only throughput,windows,kafka]
   (--quick: smaller streams, for a smoke run; --only: some groups of cases)

@@ -1401,9 +1401,10 @@ impl WindowOperator {
     ) -> (Vec<(u32, Window, (u32, u32))>, Vec<(i64, SlotHandle)>) {
         let mut windows = Vec::with_capacity(fires.len());
         let mut panes: Vec<(i64, SlotHandle)> = Vec::with_capacity(fires.len() * (size / slide) as usize);
-        // The panes' periods, each found once for the many keys whose windows fire. Fires
-        // come by end, so a pane's period is among the last few found (a call that fires
-        // many ends, at the input's end, does not search them all).
+        // The panes' periods, found for the many keys whose windows fire rather than for
+        // each. Fires come by end, so a pane's period is among the last few found (a call
+        // that fires many ends, at the input's end, does not search them all; ends far
+        // apart may find a period again, which costs a lookup).
         // The windows of one end (most of a firing's, one per key) share their panes'
         // periods: `at` holds where they are in `periods`, for the end `at_end`.
         let n_panes = (size / slide) as usize;

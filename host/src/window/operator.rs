@@ -1204,10 +1204,8 @@ impl WindowOperator {
                     self.panes_paused = FIRE_PAUSE;
                     self.merge_and_finish_apart(chunk, size, slide, out)?;
                 }
-                Err(e) => {
-                    self.pane_accs = accs;
-                    return Err(e);
-                }
+                // The job stops: the scratch buffer goes with it.
+                Err(e) => return Err(e),
             }
         }
         self.pane_accs = accs;
@@ -1401,12 +1399,11 @@ impl WindowOperator {
     ) -> (Vec<(u32, Window, (u32, u32))>, Vec<(i64, SlotHandle)>) {
         let mut windows = Vec::with_capacity(fires.len());
         let mut panes: Vec<(i64, SlotHandle)> = Vec::with_capacity(fires.len() * (size / slide) as usize);
-        // The panes' periods, found for the many keys whose windows fire rather than for
-        // each. Fires come by end, so a pane's period is among the last few found (a call
-        // that fires many ends, at the input's end, does not search them all; ends far
-        // apart may find a period again, which costs a lookup).
-        // The windows of one end (most of a firing's, one per key) share their panes'
-        // periods: `at` holds where they are in `periods`, for the end `at_end`.
+        // The panes' periods, looked for once per end: the windows of one end (most of a
+        // firing's, one per key) share them, and `at` holds where they are in `periods`
+        // for the end `at_end`. Fires come by end, so a pane's period is among the last
+        // few found (a call that fires many ends, at the input's end, does not search them
+        // all; ends far apart may find a period again, which costs a lookup).
         let n_panes = (size / slide) as usize;
         let mut periods: Vec<(i64, PeriodSlots)> = Vec::new();
         let (mut at, mut at_end) = (Vec::with_capacity(n_panes), None);

@@ -184,13 +184,14 @@ pub fn merge_and_finish<T: Aggregate>(
         if counts.len() != n {
             return Err(format!("{} pane counts for {n} groups", counts.len()));
         }
+        let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+        if total != panes.ends.len() as u64 {
+            return Err(format!("{} panes for groups that count {total}", panes.ends.len()));
+        }
         let mut out = Output { group: 0, records: Vec::new() };
         let mut next = 0usize;
         for (i, &count) in counts.iter().enumerate() {
-            let end =
-                next.checked_add(count as usize).filter(|&e| e <= panes.ends.len()).ok_or_else(|| {
-                    format!("group {i}'s {count} panes from pane {next} go past the {}", panes.ends.len())
-                })?;
+            let end = next + count as usize;
             let mut acc: T::Acc = match count {
                 0 => T::Acc::default(),
                 _ => crate::decode(packed_item(&panes, next))?,
@@ -201,9 +202,6 @@ pub fn merge_and_finish<T: Aggregate>(
             next = end;
             out.group = i as u32;
             plugin.finish(&acc, &group_view(&groups, i), &mut out);
-        }
-        if next != panes.ends.len() {
-            return Err(format!("{} panes for groups that count {next}", panes.ends.len()));
         }
         Ok(out.records)
     })

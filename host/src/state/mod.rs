@@ -5,11 +5,13 @@
 //! work without ever reading a guest's memory.
 
 pub mod captured;
+mod key_hash;
 pub mod rocks;
 mod slab;
 
 use crate::source::json::short_eq;
 use crate::window::Window;
+use key_hash::KeyHasher;
 use slab::{Slab, SlabSnapshot};
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
@@ -52,7 +54,7 @@ fn span_of(spans: &[Arc<[Span]>], id: u32) -> Span {
 #[derive(Default)]
 pub struct KeyTable {
     index: hashbrown::HashTable<Interned>,
-    hasher: foldhash::fast::RandomState,
+    hasher: KeyHasher,
     /// The keys' bytes; new keys are appended to the last chunk, up to `fill`. Removed
     /// keys leave holes until the next compaction.
     chunks: Vec<Arc<[u8]>>,
@@ -164,7 +166,7 @@ impl KeyTable {
     /// The id of a known key.
     #[inline]
     pub fn get(&self, encoded: &[u8]) -> Option<u32> {
-        let hash = self.hasher.hash_one(encoded);
+        let hash = self.hasher.hash(encoded);
         self.index
             .find(hash, |e| e.len as usize == encoded.len() && short_eq(e.key(&self.chunks), encoded))
             .map(|e| e.id)
@@ -188,9 +190,9 @@ impl KeyTable {
         } else {
             self.rank_whole = true;
         }
-        let hash = self.hasher.hash_one(encoded);
+        let hash = self.hasher.hash(encoded);
         let (chunks, hasher) = (&self.chunks, &self.hasher);
-        self.index.insert_unique(hash, Interned::new(id, span, encoded), |e| hasher.hash_one(e.key(chunks)));
+        self.index.insert_unique(hash, Interned::new(id, span, encoded), |e| hasher.hash(e.key(chunks)));
         id
     }
 
@@ -222,13 +224,13 @@ impl KeyTable {
     /// Room for `n` more keys.
     pub fn reserve(&mut self, n: usize) {
         let (chunks, hasher) = (&self.chunks, &self.hasher);
-        self.index.reserve(n, |e| hasher.hash_one(e.key(chunks)));
+        self.index.reserve(n, |e| hasher.hash(e.key(chunks)));
     }
 
     /// Forget a key; its id may be given to another key.
     pub fn remove(&mut self, id: u32) {
         let span = span_of(&self.spans, id);
-        let hash = self.hasher.hash_one(bytes_of(&self.chunks, span));
+        let hash = self.hasher.hash(bytes_of(&self.chunks, span));
         let Ok(entry) = self.index.find_entry(hash, |e| e.id == id) else { return };
         entry.remove();
         let len = span.len as usize;

@@ -322,14 +322,14 @@ impl WindowOperator {
 
     /// Key fields joined by '|', each escaped ([`push_key_part`]).
     fn key_text(&self, key: u32) -> String {
-        let mut text = String::new();
-        for (i, f) in self.keys.fields(key).enumerate() {
+        let mut text = Vec::new();
+        for (i, f) in self.keys.raw_fields(key).enumerate() {
             if i > 0 {
-                text.push('|');
+                text.push(b'|');
             }
             push_key_part(&mut text, f);
         }
-        text
+        key_string(text)
     }
 
     pub fn plugin(&self) -> &dyn Aggregator {
@@ -1325,7 +1325,7 @@ impl WindowOperator {
                     let arity = groups.key_arity as usize;
                     let at = e.group as usize * arity;
                     let fields = (at..at + arity).map(|i| packed_item(&groups.keys, i));
-                    self.result_key_of(w.start, fields.map_while(|f| std::str::from_utf8(f).ok()))
+                    self.result_key_of(w.start, fields)
                 }
                 None => self.result_key(w.start, *k),
             };
@@ -1343,22 +1343,23 @@ impl WindowOperator {
 
     /// The key a window's results are written under: `[<aggregation>|]<start>|<key fields>`.
     fn result_key(&self, start: i64, k: u32) -> String {
-        self.result_key_of(start, self.keys.fields(k))
+        self.result_key_of(start, self.keys.raw_fields(k))
     }
 
-    /// [`Self::result_key`] of a key given by its fields.
-    fn result_key_of<'a>(&self, start: i64, fields: impl Iterator<Item = &'a str>) -> String {
-        let mut key = String::with_capacity(self.name.len() + 64);
+    /// [`Self::result_key`] of a key given by its fields (interned: UTF-8), built as bytes
+    /// and checked once.
+    fn result_key_of<'a>(&self, start: i64, fields: impl Iterator<Item = &'a [u8]>) -> String {
+        let mut key = Vec::with_capacity(self.name.len() + 64);
         if self.prefixed {
-            key.push_str(&self.name);
-            key.push('|');
+            key.extend_from_slice(self.name.as_bytes());
+            key.push(b'|');
         }
         push_i64(&mut key, start);
         for f in fields {
-            key.push('|');
+            key.push(b'|');
             push_key_part(&mut key, f);
         }
-        key
+        key_string(key)
     }
 
     /// After a fault in `finish`: a fresh instance and one call per window; the windows
@@ -1643,17 +1644,25 @@ impl WindowOperator {
 /// Append a key field to a result key: `\` and `|` are escaped with `\`, so different
 /// keys never collide (`queso|curado` + `girona` vs `queso` + `curado|girona`); a field
 /// without either is written as it is.
-pub fn push_key_part(out: &mut String, field: &str) {
-    if !field.contains(['|', '\\']) {
-        out.push_str(field);
+/// Works on bytes: `|` and `\` are ASCII, so a UTF-8 field stays UTF-8.
+pub fn push_key_part(out: &mut Vec<u8>, field: &[u8]) {
+    // A loop, not memchr2: fields are short, and its dispatch cost more than the search.
+    if !field.iter().any(|&c| c == b'|' || c == b'\\') {
+        out.extend_from_slice(field);
         return;
     }
-    for c in field.chars() {
-        if c == '|' || c == '\\' {
-            out.push('\\');
+    for &c in field {
+        if c == b'|' || c == b'\\' {
+            out.push(b'\\');
         }
         out.push(c);
     }
+}
+
+/// A result key built by [`push_key_part`] from key fields, which were checked to be UTF-8
+/// when interned (a field that is not would be shown with replacement characters).
+fn key_string(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// The batch of an operator whose slot ids are periods many keys share (`periodic`) or
@@ -1748,8 +1757,8 @@ fn place_by_rank<T: Default>(
 }
 
 /// Append `v` in decimal (what `to_string` gives), without a temporary string.
-fn push_i64(out: &mut String, v: i64) {
-    out.push_str(itoa::Buffer::new().format(v));
+fn push_i64(out: &mut Vec<u8>, v: i64) {
+    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
 }
 
 /// [`WindowOperator::stage_columns`] for a value that is not an integer column's.
@@ -1848,19 +1857,19 @@ mod tests {
         ];
         values.extend((0..19).flat_map(|e| [10i64.pow(e) - 1, 10i64.pow(e), -(10i64.pow(e) + 1)]));
         for v in values {
-            let mut s = String::from("x");
+            let mut s = b"x".to_vec();
             push_i64(&mut s, v);
-            assert_eq!(s, format!("x{v}"));
+            assert_eq!(s, format!("x{v}").into_bytes());
         }
     }
 
     fn key(fields: &[&str]) -> String {
-        let mut k = "1757844000000".to_string();
+        let mut k = b"1757844000000".to_vec();
         for f in fields {
-            k.push('|');
-            push_key_part(&mut k, f);
+            k.push(b'|');
+            push_key_part(&mut k, f.as_bytes());
         }
-        k
+        String::from_utf8(k).unwrap()
     }
 
     #[test]

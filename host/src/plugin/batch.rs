@@ -37,8 +37,9 @@ impl GroupIndex {
         }
     }
 
-    /// The group of `(key, id)`; `new` when it has none.
-    #[inline]
+    /// The group of `(key, id)`; `new` when it has none. (Inlined always, as
+    /// [`Batch::push_row`].)
+    #[inline(always)]
     fn get_or_insert(&mut self, key: u32, id: i64, new: u32) -> u32 {
         match self {
             GroupIndex::Hashed(m) => *m.entry((key, id)).or_insert(new),
@@ -290,8 +291,9 @@ impl Batch {
     }
 
     /// Stage a row's group and time; then push one value per column, in column order.
-    /// Returns true when the row starts a new group in this batch.
-    #[inline]
+    /// Returns true when the row starts a new group in this batch. (Inlined always, as
+    /// [`crate::state::KeyTable::get`].)
+    #[inline(always)]
     pub fn push_row(&mut self, key: u32, id: i64, time: i64) -> bool {
         let next = self.group_list.len() as u32;
         let g = self.index.get_or_insert(key, id, next);

@@ -582,8 +582,8 @@ impl Job {
             }
             // Keys are interned as they are: each must be what an event's key is (UTF-8
             // fields), which results and their keys are built from.
-            let keys = snap.slots.iter().map(|s| &s.key).chain(snap.rows.iter().map(|r| &r.key));
-            if let Some(bad) = keys.into_iter().find(|k| !crate::state::valid_key(k)) {
+            let mut keys = snap.slots.iter().map(|s| &s.key).chain(snap.rows.iter().map(|r| &r.key));
+            if let Some(bad) = keys.find(|k| !crate::state::valid_key(k)) {
                 let shown = String::from_utf8_lossy(bad);
                 return Err(refuse(format!("a saved key is not UTF-8 fields of known lengths: {shown:?}")));
             }

@@ -361,16 +361,19 @@ impl<'a> Reader<'a> {
         let len = self.u32()? as usize;
         Ok(std::str::from_utf8(self.take(len)?).map_err(|_| "string is not UTF-8")?.to_string())
     }
+    /// A key: u32 field count, then each field as a u32 length and its UTF-8 bytes. After
+    /// the count that is the encoded key itself (see [`crate::state::push_key_field`]):
+    /// its fields are checked, then it is copied whole.
     fn key(&mut self) -> Result<Vec<u8>, String> {
         let arity = self.u32()?;
-        let mut key = Vec::new();
+        let encoded = self.0;
         for _ in 0..arity {
             let len = self.u32()? as usize;
-            let field = self.take(len)?;
-            std::str::from_utf8(field).map_err(|_| "key field is not UTF-8")?;
-            crate::state::push_key_field(&mut key, field);
+            if !crate::state::utf8_field(self.take(len)?) {
+                return Err("key field is not UTF-8".into());
+            }
         }
-        Ok(key)
+        Ok(encoded[..encoded.len() - self.0.len()].to_vec())
     }
     fn count(&mut self) -> Result<usize, String> {
         let n = self.u64()?;
@@ -416,7 +419,10 @@ fn decode_state(b: &[u8]) -> Result<Vec<Snapshot>, String> {
     let mut out = Vec::new();
     for _ in 0..operators {
         let mut snap = Snapshot::default();
-        for _ in 0..r.count()? {
+        let slots = r.count()?;
+        // A slot takes at least 32 bytes (field count, id, window, accumulator length).
+        snap.slots.reserve(slots.min(r.0.len() / 32));
+        for _ in 0..slots {
             let key = r.key()?;
             let id = r.i64()?;
             let window = Window { start: r.i64()?, end: r.i64()? };
@@ -431,4 +437,53 @@ fn decode_state(b: &[u8]) -> Result<Vec<Snapshot>, String> {
         return Err("bytes after the last operator".into());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `state.bin` written by hand: one operator, one slot of the key `fields`
+    /// (id 7, window [0, 300000), accumulator `acc`), no rows.
+    fn state_bin(fields: &[&[u8]], acc: &[u8]) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&(fields.len() as u32).to_le_bytes());
+        for f in fields {
+            b.extend_from_slice(&(f.len() as u32).to_le_bytes());
+            b.extend_from_slice(f);
+        }
+        b.extend_from_slice(&7i64.to_le_bytes());
+        b.extend_from_slice(&0i64.to_le_bytes());
+        b.extend_from_slice(&300_000i64.to_le_bytes());
+        b.extend_from_slice(&(acc.len() as u32).to_le_bytes());
+        b.extend_from_slice(acc);
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn a_saved_slot_is_read_back_with_its_key_encoded_field_by_field() {
+        let snaps = decode_state(&state_bin(&[b"queso", "jam\u{f3}n".as_bytes()], b"acc")).unwrap();
+        let slot = &snaps[0].slots[0];
+        // Each field: its length (u32, little-endian), then its bytes.
+        assert_eq!(slot.key, b"\x05\0\0\0queso\x06\0\0\0jam\xc3\xb3n".to_vec());
+        assert_eq!(
+            (slot.id, slot.window, slot.acc.as_slice()),
+            (7, Window { start: 0, end: 300_000 }, &b"acc"[..])
+        );
+        assert!(snaps[0].rows.is_empty());
+    }
+
+    #[test]
+    fn a_key_field_that_is_not_utf8_or_runs_past_the_file_is_refused() {
+        let bad = decode_state(&state_bin(&[b"queso", b"gir\xffona"], b"acc")).unwrap_err();
+        assert!(bad.contains("not UTF-8"), "{bad}");
+        // A field cut short: its length says more bytes than the file has.
+        let mut cut = state_bin(&[b"queso"], b"");
+        cut.truncate(MAGIC.len() + 4 + 4 + 8 + 4 + 4 + 3);
+        assert_eq!(decode_state(&cut).unwrap_err(), "truncated");
+    }
 }

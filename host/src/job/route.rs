@@ -580,13 +580,9 @@ impl Job {
                 let fields: Vec<&str> = crate::state::fields_of(&bad.key).collect();
                 return Err(refuse(format!("key {fields:?} does not have {} fields", pipeline.key.len())));
             }
-            // Keys are interned as they are: each must be what an event's key is (UTF-8
-            // fields), which results and their keys are built from.
-            let mut keys = snap.slots.iter().map(|s| &s.key).chain(snap.rows.iter().map(|r| &r.key));
-            if let Some(bad) = keys.find(|k| !crate::state::valid_key(k)) {
-                let shown = String::from_utf8_lossy(bad);
-                return Err(refuse(format!("a saved key is not UTF-8 fields of known lengths: {shown:?}")));
-            }
+            // Keys are interned as they are: each is what an event's key is (UTF-8 fields,
+            // which results and their keys are built from), checked where the state was
+            // decoded (`savepoint::read`, `rocks::load`) or interned (a live snapshot).
             // Rows held for an ordered plugin are restored into this plugin's columns: they
             // must have its fields' number and types (a plugin whose fields changed cannot
             // take them).

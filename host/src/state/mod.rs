@@ -157,24 +157,46 @@ impl KeyTable {
     /// The id of an encoded key, interning it on first sight.
     #[inline]
     pub fn intern(&mut self, encoded: &[u8]) -> u32 {
-        match self.get(encoded) {
+        let hash = self.hasher.hash(encoded);
+        match self.find(hash, encoded) {
             Some(id) => id,
-            None => self.insert(encoded),
+            None => self.insert_hashed(hash, encoded),
         }
+    }
+
+    /// [`Self::intern`], for a key that `accept` must pass before it is interned (a key
+    /// built from raw input: see [`valid_key`]); None when it does not. The key is hashed
+    /// once. Inlined always, as [`Self::get`]; a new key's way is out of line.
+    #[inline(always)]
+    pub fn intern_if(&mut self, encoded: &[u8], accept: fn(&[u8]) -> bool) -> Option<u32> {
+        let hash = self.hasher.hash(encoded);
+        match self.find(hash, encoded) {
+            Some(id) => Some(id),
+            None => self.insert_if(hash, encoded, accept),
+        }
+    }
+
+    #[inline(never)]
+    fn insert_if(&mut self, hash: u64, encoded: &[u8], accept: fn(&[u8]) -> bool) -> Option<u32> {
+        accept(encoded).then(|| self.insert_hashed(hash, encoded))
     }
 
     /// The id of a known key (inlined always: once a record, and LLVM's inlining of it
     /// into the record loop came and went with unrelated changes, ~0.5% of instructions).
     #[inline(always)]
     pub fn get(&self, encoded: &[u8]) -> Option<u32> {
-        let hash = self.hasher.hash(encoded);
+        self.find(self.hasher.hash(encoded), encoded)
+    }
+
+    #[inline(always)]
+    fn find(&self, hash: u64, encoded: &[u8]) -> Option<u32> {
         self.index
             .find(hash, |e| e.len as usize == encoded.len() && short_eq(e.key(&self.chunks), encoded))
             .map(|e| e.id)
     }
 
-    /// Intern a key not seen before (see [`valid_key`] for keys built from raw input).
-    pub fn insert(&mut self, encoded: &[u8]) -> u32 {
+    /// Intern a key not seen before, whose hash is `hash`.
+    fn insert_hashed(&mut self, hash: u64, encoded: &[u8]) -> u32 {
         self.bytes += encoded.len();
         self.ranked = false;
         let span = self.append(encoded);
@@ -191,7 +213,6 @@ impl KeyTable {
         } else {
             self.rank_whole = true;
         }
-        let hash = self.hasher.hash(encoded);
         let (chunks, hasher) = (&self.chunks, &self.hasher);
         self.index.insert_unique(hash, Interned::new(id, span, encoded), |e| hasher.hash(e.key(chunks)));
         id
@@ -452,7 +473,8 @@ pub(crate) fn append(v: &mut Vec<u8>, b: &[u8]) {
 }
 
 /// Whether every field of an encoded key is UTF-8. Keys are built from raw input bytes
-/// and checked only once, when first seen, before they are interned.
+/// and checked only once, when first seen, before they are interned; saved keys where
+/// their state is decoded.
 pub fn valid_key(encoded: &[u8]) -> bool {
     let mut rest = encoded;
     while !rest.is_empty() {
@@ -460,12 +482,19 @@ pub fn valid_key(encoded: &[u8]) -> bool {
             return false;
         };
         let Some(field) = rest.get(4..4 + len as usize) else { return false };
-        if std::str::from_utf8(field).is_err() {
+        if !utf8_field(field) {
             return false;
         }
         rest = &rest[4 + len as usize..];
     }
     true
+}
+
+/// Whether a key field is UTF-8: most are ASCII, which is checked a word at a time
+/// (`from_utf8` goes byte by byte over short fields).
+#[inline]
+pub fn utf8_field(field: &[u8]) -> bool {
+    field.is_ascii() || std::str::from_utf8(field).is_ok()
 }
 
 /// The fields of an encoded key.

@@ -379,11 +379,7 @@ impl WindowOperator {
     /// (keys are built from raw input bytes) and interned.
     #[inline(always)]
     fn key_id(&mut self, key: &[u8]) -> Option<u32> {
-        let id = match self.keys.get(key) {
-            Some(id) => id,
-            None if crate::state::valid_key(key) => self.keys.insert(key),
-            None => return None,
-        };
+        let id = self.keys.intern_if(key, crate::state::valid_key)?;
         match self.touched.get_mut(id as usize) {
             Some(t) => *t = true,
             None => {

@@ -26,6 +26,9 @@ pub(super) struct LoopControl {
     /// A swap whose rollback savepoint or checkpoint is being written: answered once
     /// both are durable.
     pending: Option<PendingDeploy>,
+    /// Replies to commands, sent once the status that shows their effect is published
+    /// (a client that reads the status after its reply finds its command there).
+    answers: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 struct PendingDeploy {
@@ -48,11 +51,26 @@ impl LoopControl {
             deployments: Vec::new(),
             samples: Default::default(),
             pending: None,
+            answers: Vec::new(),
+        }
+    }
+
+    /// Reply to a command once the status is published (see [`Self::send_answers`]).
+    fn answer<T: Send + 'static>(&mut self, reply: Sender<T>, value: T) {
+        self.answers.push(Box::new(move || {
+            let _ = reply.send(value);
+        }));
+    }
+
+    /// Send the replies held for the status to be published.
+    pub(super) fn send_answers(&mut self) {
+        for answer in self.answers.drain(..) {
+            answer();
         }
     }
 
     /// Take the commands waiting (a savepoint or a deploy happens at once; a stop is
-    /// returned to the loop) and publish the status when due.
+    /// returned to the loop) and publish the status when due; then reply to the commands.
     pub(super) fn serve(
         &mut self,
         pipeline: &Pipeline,
@@ -61,62 +79,14 @@ impl LoopControl {
         mut checkpoints: Option<&mut Checkpointer>,
         stats: &mut CheckpointStats,
     ) -> Result<Option<(StopMode, StopReply)>> {
-        let mut stop = None;
         // After a command, the status shows its effect at once.
-        let mut acted = false;
-        loop {
-            let command = match self.handle.port.commands.lock() {
-                Ok(rx) => rx.try_recv().ok(),
-                Err(_) => None,
-            };
-            let Some(command) = command else { break };
-            acted = true;
-            match command {
-                Command::Savepoint { reply } => {
-                    // A checkpoint or savepoint being written completes first (sinks
-                    // commit in order).
-                    if let Some(c) = checkpoints.as_deref_mut() {
-                        c.completed(job, source, true)?;
-                    }
-                    self.answer_pending(checkpoints.as_deref(), true);
-                    match write_savepoint(
-                        job,
-                        pipeline,
-                        source,
-                        checkpoints.as_deref_mut(),
-                        &self.savepoint_dir,
-                    ) {
-                        Ok((path, _)) => {
-                            self.saved(&path);
-                            let _ = reply.send(Ok(path));
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(e.to_string()));
-                            return Err(e);
-                        }
-                    }
-                }
-                Command::Deploy { deployment, reply } => {
-                    self.deploy(pipeline, job, source, checkpoints.as_deref_mut(), deployment, reply)?
-                }
-                Command::Stop { mode, reply } => {
-                    stop = Some((mode, reply));
-                    break;
-                }
-            }
-        }
-        self.checkpoint_after_swap(pipeline, job, source, checkpoints.as_deref_mut(), stats)?;
-        self.answer_pending(checkpoints.as_deref(), false);
+        let (acted, served) = self.take_commands(pipeline, job, source, checkpoints.as_deref_mut(), stats);
+        let stopping = matches!(served, Ok(Some(_)));
         if self.published.elapsed() >= STATUS_EVERY || acted {
             self.published = Instant::now();
             self.sample(job.counters().read);
-            let mut status = self.status(
-                pipeline,
-                job,
-                source,
-                stats,
-                if stop.is_some() { "stopping" } else { "running" },
-            );
+            let mut status =
+                self.status(pipeline, job, source, stats, if stopping { "stopping" } else { "running" });
             if let Some(c) = checkpoints.as_deref() {
                 status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
             }
@@ -124,7 +94,76 @@ impl LoopControl {
                 *s = status;
             }
         }
-        Ok(stop)
+        self.send_answers();
+        served
+    }
+
+    /// The commands waiting, carried out: whether there were any, and the stop asked for.
+    fn take_commands(
+        &mut self,
+        pipeline: &Pipeline,
+        job: &mut Job,
+        source: &mut Source,
+        mut checkpoints: Option<&mut Checkpointer>,
+        stats: &mut CheckpointStats,
+    ) -> (bool, Result<Option<(StopMode, StopReply)>>) {
+        let mut acted = false;
+        let mut stop = None;
+        let served = loop {
+            let command = match self.handle.port.commands.lock() {
+                Ok(rx) => rx.try_recv().ok(),
+                Err(_) => None,
+            };
+            let Some(command) = command else { break Ok(()) };
+            acted = true;
+            let done = match command {
+                Command::Savepoint { reply } => {
+                    self.savepoint(pipeline, job, source, checkpoints.as_deref_mut(), reply)
+                }
+                Command::Deploy { deployment, reply } => {
+                    self.deploy(pipeline, job, source, checkpoints.as_deref_mut(), deployment, reply)
+                }
+                Command::Stop { mode, reply } => {
+                    stop = Some((mode, reply));
+                    break Ok(());
+                }
+            };
+            if let Err(e) = done {
+                break Err(e);
+            }
+        };
+        let served = served.and_then(|()| {
+            self.checkpoint_after_swap(pipeline, job, source, checkpoints.as_deref_mut(), stats)
+        });
+        self.answer_pending(checkpoints.as_deref(), false);
+        (acted, served.map(|()| stop))
+    }
+
+    /// A savepoint on demand; a checkpoint or savepoint being written completes first
+    /// (sinks commit in order).
+    fn savepoint(
+        &mut self,
+        pipeline: &Pipeline,
+        job: &mut Job,
+        source: &mut Source,
+        mut checkpoints: Option<&mut Checkpointer>,
+        reply: Sender<std::result::Result<PathBuf, String>>,
+    ) -> Result<()> {
+        if let Some(c) = checkpoints.as_deref_mut() {
+            c.completed(job, source, true)?;
+        }
+        self.answer_pending(checkpoints.as_deref(), true);
+        match write_savepoint(job, pipeline, source, checkpoints, &self.savepoint_dir) {
+            Ok((path, _)) => {
+                self.saved(&path);
+                self.answer(reply, Ok(path));
+                Ok(())
+            }
+            Err(e) => {
+                self.answer(reply, Err(e.to_string()));
+                Err(e)
+            }
+        }
     }
 
     /// Swap in a deployment now (see [`super::swap`]); the reply waits for the rollback
@@ -148,7 +187,7 @@ impl LoopControl {
             }
         }
         let Some(to) = deployment.plugins.first().map(|(_, p)| p.identity().clone()) else {
-            let _ = reply.send(Err(Refused::new(409, "the component replaces no aggregation")));
+            self.answer(reply, Err(Refused::new(409, "the component replaces no aggregation")));
             return Ok(());
         };
         let mut record = Deployed {
@@ -207,11 +246,11 @@ impl LoopControl {
                 record.savepoint = savepoint;
                 record.pause_ms = t.elapsed().as_secs_f64() * 1e3;
                 self.deployments.push(record);
-                let _ = reply.send(Err(refused));
+                self.answer(reply, Err(refused));
                 Ok(())
             }
             Err(NotSwapped::Failed(e)) => {
-                let _ = reply.send(Err(Refused::new(500, e.to_string())));
+                self.answer(reply, Err(Refused::new(500, e.to_string())));
                 Err(e)
             }
         }
@@ -285,7 +324,7 @@ impl LoopControl {
         }
         let Some(p) = self.pending.take() else { return };
         let savepoint = p.writer.map_or(Ok(()), join_writer);
-        let _ = p.reply.send(match (savepoint, checkpoint.as_deref()) {
+        let answer = match (savepoint, checkpoint.as_deref()) {
             (Err(e), _) => Err(Refused::new(
                 500,
                 format!("the plugin was swapped, but its rollback savepoint failed: {e}"),
@@ -298,7 +337,8 @@ impl LoopControl {
                     p.checkpoint.unwrap_or_default()
                 ),
             )),
-        });
+        };
+        self.answer(p.reply, answer);
     }
 
     fn status(

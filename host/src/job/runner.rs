@@ -225,6 +225,7 @@ pub(super) fn start(
     }
     if let Some(port) = port.as_mut() {
         port.answer_pending(checkpoints.as_ref(), true);
+        port.send_answers();
     }
     // A stop that drains ends like the input: every open window fires below.
     let mut savepoint_path = None;

@@ -25,11 +25,30 @@ pub struct Acc {
 
 /// Great-circle distance between two positions, metres.
 pub fn haversine_m(a: Fix, b: Fix) -> f64 {
-    let (la1, la2) = (a.1.to_radians(), b.1.to_radians());
-    let dla = la2 - la1;
-    let dlo = (b.2 - a.2).to_radians();
-    let h = (dla / 2.0).sin().powi(2) + la1.cos() * la2.cos() * (dlo / 2.0).sin().powi(2);
-    2.0 * EARTH_RADIUS_M * h.sqrt().min(1.0).asin()
+    Point::new(a).metres_to(&Point::new(b))
+}
+
+/// A position with its latitude in radians and that latitude's cosine, which the legs
+/// both to and from it use (computed once a position, not once a leg).
+struct Point {
+    fix: Fix,
+    lat: f64,
+    cos_lat: f64,
+}
+
+impl Point {
+    fn new(fix: Fix) -> Point {
+        let lat = fix.1.to_radians();
+        Point { fix, lat, cos_lat: lat.cos() }
+    }
+
+    /// The haversine distance to `b`, metres.
+    fn metres_to(&self, b: &Point) -> f64 {
+        let dla = b.lat - self.lat;
+        let dlo = (b.fix.2 - self.fix.2).to_radians();
+        let h = (dla / 2.0).sin().powi(2) + self.cos_lat * b.cos_lat * (dlo / 2.0).sin().powi(2);
+        2.0 * EARTH_RADIUS_M * h.sqrt().min(1.0).asin()
+    }
 }
 
 pub struct Distance;
@@ -58,14 +77,16 @@ impl Aggregate for Distance {
 
     fn add(&self, acc: &mut Acc, _group: &Group<'_>, events: &Events<'_>) {
         let (times, lat, lon) = (events.times(), events.floats(0), events.floats(1));
+        let mut last = acc.last.map(Point::new);
         for i in 0..events.len() {
-            let fix = Fix(times[i], lat[i], lon[i]);
-            if let Some(last) = acc.last {
-                acc.metres += haversine_m(last, fix);
+            let here = Point::new(Fix(times[i], lat[i], lon[i]));
+            if let Some(last) = &last {
+                acc.metres += last.metres_to(&here);
             }
-            acc.first.get_or_insert(fix);
-            acc.last = Some(fix);
+            acc.first.get_or_insert(here.fix);
+            acc.last = Some(here.fix);
             acc.positions += 1;
+            last = Some(here);
         }
     }
 

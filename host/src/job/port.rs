@@ -81,21 +81,34 @@ impl LoopControl {
     ) -> Result<Option<(StopMode, StopReply)>> {
         // After a command, the status shows its effect at once.
         let (acted, served) = self.take_commands(pipeline, job, source, checkpoints.as_deref_mut(), stats);
-        let stopping = matches!(served, Ok(Some(_)));
-        if self.published.elapsed() >= STATUS_EVERY || acted {
-            self.published = Instant::now();
-            self.sample(job.counters().read);
-            let mut status =
-                self.status(pipeline, job, source, stats, if stopping { "stopping" } else { "running" });
-            if let Some(c) = checkpoints.as_deref() {
-                status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
-            }
-            if let Ok(mut s) = self.handle.port.status.lock() {
-                *s = status;
-            }
+        if self.published.elapsed() >= STATUS_EVERY || acted || !self.answers.is_empty() {
+            let stopping = matches!(served, Ok(Some(_)));
+            self.publish(pipeline, job, source, checkpoints.as_deref(), stats, stopping);
         }
         self.send_answers();
         served
+    }
+
+    /// Publish the job's status now (`stopping`: a stop was asked for).
+    pub(super) fn publish(
+        &mut self,
+        pipeline: &Pipeline,
+        job: &Job,
+        source: &Source,
+        checkpoints: Option<&Checkpointer>,
+        stats: &CheckpointStats,
+        stopping: bool,
+    ) {
+        self.published = Instant::now();
+        self.sample(job.counters().read);
+        let mut status =
+            self.status(pipeline, job, source, stats, if stopping { "stopping" } else { "running" });
+        if let Some(c) = checkpoints {
+            status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
+        }
+        if let Ok(mut s) = self.handle.port.status.lock() {
+            *s = status;
+        }
     }
 
     /// The commands waiting, carried out: whether there were any, and the stop asked for.

@@ -34,11 +34,14 @@ pub(super) fn start(
         migrated = job.restore(pipeline, sp, &upgrade)?;
     }
     let restore_time = if restore.is_some() { restore_started.elapsed() } else { Duration::ZERO };
+    // The saved slots are the job's now: only what the savepoint says of the source and
+    // sinks is kept (its slots, ~100 MB for ~1M windows, were kept for the whole run).
+    let restore = restore.map(|sp| sp.meta);
     let mut source = Source::open(
         &pipeline.source,
         opts.input.as_ref(),
         opts.follow,
-        restore.as_ref().map(|sp| &sp.meta.source),
+        restore.as_ref().map(|meta| &meta.source),
     )?;
     let mut checkpoints = match &pipeline.checkpoints {
         Some(spec) => {
@@ -88,7 +91,7 @@ pub(super) fn start(
 
     // Sinks are opened only once everything above has been checked.
     let sink_pos =
-        |name: &str| restore.as_ref().and_then(|sp| sp.meta.sinks.iter().find(|s| s.name == name).cloned());
+        |name: &str| restore.as_ref().and_then(|meta| meta.sinks.iter().find(|s| s.name == name).cloned());
     // A transactional sink's id is stable per job, so a restart fences its predecessor.
     let txn_id = format!("km0-{}", pipeline.name);
     job.output = Some(match (&opts.output, &pipeline.sink) {
@@ -108,7 +111,7 @@ pub(super) fn start(
                 _ => true,
             };
             let start = StartPoint {
-                snapshot: restore.as_ref().map(|sp| sp.meta.snapshot_id.clone()),
+                snapshot: restore.as_ref().map(|meta| meta.snapshot_id.clone()),
                 ordinal: job.results_out,
                 fingerprint: job.fingerprint.clone(),
                 replayable,
@@ -225,6 +228,7 @@ pub(super) fn start(
     }
     if let Some(port) = port.as_mut() {
         port.answer_pending(checkpoints.as_ref(), true);
+        port.publish(pipeline, &job, &source, checkpoints.as_ref(), &stats, true);
         port.send_answers();
     }
     // A stop that drains ends like the input: every open window fires below.

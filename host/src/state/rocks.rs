@@ -94,12 +94,13 @@ pub fn load(dir: &Path, operators: usize) -> Result<Vec<Snapshot>> {
     opts.set_paranoid_checks(true);
     let db = DB::open_for_read_only(&opts, dir, false).map_err(|e| rocks_error("open", dir, e))?;
     let mut out: Vec<Snapshot> = (0..operators).map(|_| Snapshot::default()).collect();
-    // Room for the slots, by RocksDB's estimate of its keys (capped: an estimate, and the
-    // slots take ~10 times the disk's bytes), for the one operator of most jobs: grown
-    // slot by slot, the copies and their fresh pages cost ~7% of a restore.
+    // Room for the slots, by RocksDB's estimate of its keys, for the one operator of most
+    // jobs: grown slot by slot, the copies and their fresh pages cost ~7% of a restore.
+    // An estimate (deleted and overwritten keys count too), so capped, and only tried:
+    // without the room, the slots grow as they are read.
     let estimate = db.property_int_value("rocksdb.estimate-num-keys").ok().flatten().unwrap_or(0);
     if let [only] = out.as_mut_slice() {
-        only.slots.reserve(estimate.min(1 << 24) as usize);
+        let _ = only.slots.try_reserve(estimate.min(1 << 22) as usize);
     }
     let bad = |m: &str| Error::Usage(format!("RocksDB checkpoint {}: {m}", dir.display()));
     // Read once, in order: its blocks are not kept in the block cache (filling it cost

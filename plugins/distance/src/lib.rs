@@ -47,7 +47,12 @@ impl Point {
         let dla = b.lat - self.lat;
         let dlo = (b.fix.2 - self.fix.2).to_radians();
         let h = (dla / 2.0).sin().powi(2) + self.cos_lat * b.cos_lat * (dlo / 2.0).sin().powi(2);
-        2.0 * EARTH_RADIUS_M * h.sqrt().min(1.0).asin()
+        // sqrt(h), which rounding can take past 1, clamped to 1: by a comparison, which
+        // gives what `f64::min` gives for every value, NaN included (in WebAssembly,
+        // `min` is a call to libm's `fmin`).
+        let s = h.sqrt();
+        let s = if s < 1.0 { s } else { 1.0 };
+        2.0 * EARTH_RADIUS_M * s.asin()
     }
 }
 

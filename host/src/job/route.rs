@@ -583,7 +583,12 @@ impl Job {
             // Keys are interned as they are: each is what an event's key is (UTF-8 fields,
             // which results and their keys are built from), checked where the state was
             // decoded (`savepoint::read`: `decode_state` or `rocks::load`).
-            debug_assert!(snap.slots.iter().all(|s| crate::state::valid_key(&s.key)));
+            debug_assert!(snap
+                .slots
+                .iter()
+                .map(|s| &s.key)
+                .chain(snap.rows.iter().map(|r| &r.key))
+                .all(|k| crate::state::valid_key(k)));
             // Rows held for an ordered plugin are restored into this plugin's columns: they
             // must have its fields' number and types (a plugin whose fields changed cannot
             // take them).

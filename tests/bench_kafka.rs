@@ -3,7 +3,7 @@
 //! its threads) and prints events per second, km0's CPU time (the process's, from
 //! `wait4`: the operator loop and librdkafka's threads), by thread, and the broker's; then
 //! the same job from files, by the same binary, for comparison. Run:
-//! `cargo build --release -p km0 && cargo bench -p km0-e2e --bench kafka`
+//! `cargo build --release -p km0 && cargo bench --workspace --bench kafka`
 //! (`KM0_BENCH_EVENTS` sets the stream's size, 1 000 000 by default; `KM0_BENCH_WRAP` a
 //! command to run the Kafka job's km0 under, e.g. `perf record -g -o /tmp/km0.perf`, for
 //! a profile: its CPU and threads are then counted with km0's).

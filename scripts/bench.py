@@ -16,12 +16,17 @@ are its own:
   - memory per open window: the resident set of a job that follows its input, measured
     once it has read everything (nothing fired yet), with ~1M and ~250k open windows:
     the difference over the difference in windows;
+  - JSON: km0's projection scanner against sonic-rs (lazy access and serde), simd-json
+    and serde_json, on the stock alert's 1 000- and 10 000-key streams and the panel's
+    positions (tests/bench_json.rs), each reading the same fields: ns per record of km0 and
+    of each library's fastest validating way (every way, and what each refuses of a corpus
+    of malformed records, on stderr);
   - Kafka -> km0 -> Kafka against a local tansu broker (tests/bench_kafka.rs): the CPU
     per record of the release km0 process (start-up, every thread). Skipped, and said
     so, without tansu (KM0_TANSU, else the folder scripts/install-tansu.sh installs
     into, else `tansu` on PATH).
 
-  scripts/bench.py [--quick] [--only throughput,windows,kafka]
+  scripts/bench.py [--quick] [--only throughput,windows,json,kafka]
   (--quick: smaller streams, for a smoke run; --only: some groups of cases)
 """
 import json
@@ -232,6 +237,35 @@ def kafka():
         "cargo bench --workspace --bench kafka")
 
 
+def json_parsers():
+    """Per stream, km0's scanner and the fastest validating way of each library (the bench's
+    full output, every way and the malformed records' verdicts, goes to stderr)."""
+    env = dict(os.environ, KM0_BENCH_RECORDS=str(1_000_000 // SCALE), CARGO_TARGET_DIR=TARGET)
+    out, _ = run(["cargo", "bench", "--locked", "-q", "--workspace", "--bench", "json"], cwd=ROOT, env=env)
+    print("\n".join(l for l in out.splitlines() if l.startswith("bench json:")), file=sys.stderr)
+    streams = {}
+    stream = None
+    for line in out.splitlines():
+        m = re.match(r"bench json: (.+?): [0-9.]+ records of", line)
+        if m:
+            stream = m.group(1)
+            streams[stream] = {}
+            continue
+        m = re.match(r"bench json:   (.+?): ([0-9]+) ns per record", line)
+        if m and stream and "NOT validating" not in m.group(1):
+            library = m.group(1).split()[0]
+            best = streams[stream].get(library)
+            if best is None or int(m.group(2)) < best[1]:
+                streams[stream][library] = (m.group(1), int(m.group(2)))
+    if not streams:
+        sys.exit(f"bench: no JSON rows in:\n{out}")
+    for stream, libraries in streams.items():
+        km0 = libraries["km0"][1]
+        for way, ns in libraries.values():
+            row(f"JSON, {stream}: {way}", str(ns), f"ns/record ({ns / km0:.2f}x km0)", "",
+                "cargo bench --workspace --bench json")
+
+
 def main():
     if not os.access(KM0, os.X_OK):
         sys.exit(f"bench: build km0 first ({KM0}): cargo build --release -p km0")
@@ -242,6 +276,8 @@ def main():
         if not ONLY or "windows" in ONLY:
             keys, products, events = windows(work)
             memory_per_window(work, keys, products, events)
+        if not ONLY or "json" in ONLY:
+            json_parsers()
         if not ONLY or "kafka" in ONLY:
             kafka()
     finally:

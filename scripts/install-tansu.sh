@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Install the tansu broker (Apache-Kafka-compatible, Rust, from crates.io) once into a
 # cache folder shared by sessions and CI, and print the path of its binary. Building it
-# takes about 17 minutes on a fresh two-core machine; later calls return at once.
+# takes 11 to 17 minutes on a fresh two-core machine; later calls return at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/prereqs.sh
 bin=$(km0_tansu_bin)
 root=$(dirname "$(dirname "$bin")")
 if [ ! -x "$bin" ]; then
-  echo "== building tansu 0.6.0 (SQLite storage) into $root (~17 min, once)" >&2
+  echo "== building tansu 0.6.0 (SQLite storage) into $root (11-17 min, once)" >&2
   CARGO_TARGET_DIR="${KM0_TOOLS:-$HOME/.cache/km0-tools}/tansu-target" \
     cargo install tansu --version 0.6.0 --locked --features dynostore,libsql --root "$root" >&2
 fi

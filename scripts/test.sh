@@ -19,8 +19,9 @@ echo "== prerequisites"
 ./scripts/doctor.sh
 echo "== cargo test (release)"
 cargo test --release --locked --workspace
-# The Kafka benchmark (tests/bench_kafka.rs) is a bench target, which `cargo test` does not
-# build: compiled here so that a change that breaks it fails CI (make bench runs it). Built
+# The Kafka and JSON benchmarks (tests/bench_kafka.rs, tests/bench_json.rs) are bench
+# targets, which `cargo test` does not build: compiled here so that a change that breaks
+# them fails CI (make bench runs them). Built
 # by `cargo test --workspace`, as above, so that it reuses the dependencies just built: a
 # `cargo build -p km0-e2e` resolves them without the workspace's dev-dependency features,
 # which rebuilt wasmtime, cranelift and km0 (5 min on a fresh two-core machine).

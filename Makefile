@@ -7,7 +7,7 @@ test:
 plugins:
 	./scripts/build-plugins.sh
 # Every benchmark case (throughput, ~1M-window checkpoints and recovery, memory per
-# window, Kafka path), one table: scripts/bench.py.
+# window, JSON parsers, Kafka path), one table: scripts/bench.py.
 bench: plugins
 	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target} cargo build --release --locked -p km0
 	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target} python3 scripts/bench.py

@@ -21,10 +21,10 @@ echo "== cargo test (release)"
 cargo test --release --locked --workspace
 # The Kafka and JSON benchmarks (tests/bench_kafka.rs, tests/bench_json.rs) are bench
 # targets, which `cargo test` does not build: compiled here so that a change that breaks
-# them fails CI (make bench runs them). Built
-# by `cargo test --workspace`, as above, so that it reuses the dependencies just built: a
-# `cargo build -p km0-e2e` resolves them without the workspace's dev-dependency features,
-# which rebuilt wasmtime, cranelift and km0 (5 min on a fresh two-core machine).
+# them fails CI (make bench runs them). Built by `cargo test --workspace`, as above, so that
+# they reuse the dependencies just built: a `cargo build -p km0-e2e` resolves them without
+# the workspace's dev-dependency features, which rebuilt wasmtime, cranelift and km0 (5 min
+# on a fresh two-core machine).
 echo "== cargo test --benches --no-run (release)"
 cargo test --release --locked --workspace --benches --no-run
 echo "== cargo fmt --check"

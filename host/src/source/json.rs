@@ -3,10 +3,13 @@
 //!
 //! JSON decoding is most of a job's cost, so the scanner compares top-level keys against
 //! the projected names and validates-and-skips everything else. On the benchmark's
-//! streams the fastest library tried, simd-json into a struct, takes 2.4-2.7x its time,
-//! serde_json 2.6-3.1x and sonic-rs's lazy field access 3.8-4.9x (`cargo bench --bench
-//! json`, tests/bench_json.rs, which checks that they all read the same values). It still rejects what is not one JSON
-//! object (bad syntax, trailing bytes, nesting deeper than [`MAX_DEPTH`]); such records
+//! generated streams (a few record layouts, the best case for its layout cache, `Shape`)
+//! the fastest library tried, simd-json into a struct, took 2.2-2.7x its time, serde_json
+//! 2.6-3.1x and sonic-rs's lazy access 3.8-4.9x (a baseline x86-64 build; sonic-rs chooses
+//! its SIMD code when compiled: with `target-cpu=native`, 3.6-4.5x). `cargo bench --bench
+//! json` (tests/bench_json.rs) measures them, and checks that they all read the same values.
+//! The scanner rejects what is not one JSON object (bad syntax, trailing bytes, nesting
+//! deeper than [`MAX_DEPTH`]; UTF-8 is checked in the strings a job reads, not in those it skips); such records
 //! become dead letters with the scanner's reason and byte position.
 
 use std::borrow::Cow;

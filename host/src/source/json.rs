@@ -4,8 +4,8 @@
 //! JSON decoding is most of a job's cost, so the scanner compares top-level keys against
 //! the projected names and validates-and-skips everything else. On the benchmark's
 //! generated streams (a few record layouts, the best case for its layout cache, `Shape`)
-//! the fastest library tried, simd-json into a struct, took 2.2-2.7x its time, serde_json
-//! 2.6-3.1x and sonic-rs's lazy access 3.8-4.9x (a baseline x86-64 build; sonic-rs chooses
+//! the fastest library tried, simd-json into a struct, took 2.2-3.0x its time, serde_json
+//! 2.6-3.5x and sonic-rs's lazy access 3.7-4.9x (a baseline x86-64 build; sonic-rs chooses
 //! its SIMD code when compiled: with `target-cpu=native`, 3.6-4.5x). `cargo bench --bench
 //! json` (tests/bench_json.rs) measures them, and checks that they all read the same values.
 //! The scanner rejects what is not one JSON object (bad syntax, trailing bytes, nesting

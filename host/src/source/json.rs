@@ -9,8 +9,8 @@
 //! its SIMD code when compiled: with `target-cpu=native`, 3.6-4.5x). `cargo bench --bench
 //! json` (tests/bench_json.rs) measures them, and checks that they all read the same values.
 //! The scanner rejects what is not one JSON object (bad syntax, trailing bytes, nesting
-//! deeper than [`MAX_DEPTH`]; UTF-8 is checked in the strings a job reads, not in those it skips); such records
-//! become dead letters with the scanner's reason and byte position.
+//! deeper than [`MAX_DEPTH`]; UTF-8 is checked in the strings a job reads, not in those it
+//! skips); such records become dead letters with the scanner's reason and byte position.
 
 use std::borrow::Cow;
 

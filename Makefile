@@ -1,13 +1,15 @@
 # The two set-up commands (see README.md). Both install what they need.
-.PHONY: demo test bench plugins
+.PHONY: demo test bench plugins release
 demo:
 	./scripts/demo.sh
 test:
 	./scripts/test.sh
 plugins:
 	./scripts/build-plugins.sh
+# The release binary, profile-guided (scripts/build-release.sh; KM0_PGO=0: plain).
+release: plugins
+	./scripts/build-release.sh
 # Every benchmark case (throughput, ~1M-window checkpoints and recovery, memory per
-# window, JSON parsers, Kafka path), one table: scripts/bench.py.
-bench: plugins
-	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target} cargo build --release --locked -p km0
+# window, JSON parsers, Kafka path) of the release binary, one table: scripts/bench.py.
+bench: release
 	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target} python3 scripts/bench.py

@@ -29,6 +29,10 @@ are its own:
 
   scripts/bench.py [--quick] [--only throughput,windows,json,kafka]
   (--quick: smaller streams, for a smoke run; --only: some groups of cases)
+  scripts/bench.py --train   (the profile-guided build's training set: no table)
+
+It times the binary `make bench` builds first: scripts/build-release.sh, profile-guided
+(PGO) unless KM0_PGO=0; the table's first row says which.
 """
 import json
 import os
@@ -85,12 +89,9 @@ def pipeline(work, name, source, extra=""):
     return path
 
 
-def throughput(work):
-    print("throughput (km0 bench, best of 3):", file=sys.stderr)
-    stock = os.path.join(ROOT, "examples/stock-alert/pipeline.toml")
-    panel = os.path.join(ROOT, "examples/delivery-panel/pipeline.toml")
-    # The stock alert over sliding windows: 5 minutes every minute (each event in 5
-    # windows, each window merged from 5 panes).
+def sliding_pipeline(work):
+    """The stock alert over sliding windows: 5 minutes every minute (each event in 5
+    windows, each window merged from 5 panes)."""
     sliding = pipeline(work, "sliding", os.devnull)
     with open(sliding) as f:
         text = f.read()
@@ -99,6 +100,14 @@ def throughput(work):
         sys.exit("bench: the stock example's window section changed: update the sliding case")
     with open(sliding, "w") as f:
         f.write(text)
+    return sliding
+
+
+def throughput(work):
+    print("throughput (km0 bench, best of 3):", file=sys.stderr)
+    stock = os.path.join(ROOT, "examples/stock-alert/pipeline.toml")
+    panel = os.path.join(ROOT, "examples/delivery-panel/pipeline.toml")
+    sliding = sliding_pipeline(work)
     cases = [
         ("stock alert, 1 000 keys", [stock, "--events", str(1_000_000 // SCALE)], ">= 5"),
         # The issue's regime: ~4 events per key and window (an event every 8 ms of event
@@ -144,9 +153,7 @@ def throughput(work):
                 "km0 bench --reference: median of the runs' ratios, each run followed by the loop")
 
 
-def windows(work):
-    products = 1000 // (3 if QUICK else 1)
-    events = 2_000_000 // SCALE
+def windows(work, products=1000 // (3 if QUICK else 1), events=2_000_000 // SCALE):
     keys = os.path.join(work, "keys.jsonl")
     run([KM0, "generate", "stock", "--events", str(events), "--products", str(products), "--markets", str(products),
          "--gap-ms", "0", "--late-fraction", "0", "--out", keys])
@@ -224,12 +231,12 @@ def tansu():
     return os.path.abspath(found) if found else None
 
 
-def kafka():
+def kafka(events=1_000_000 // SCALE):
     broker = tansu()
     if not broker:
         row("Kafka -> km0 -> Kafka, km0 CPU per record", "skipped", "(no tansu)", "<= 0.8", "")
         return
-    env = dict(os.environ, KM0_BENCH_EVENTS=str(1_000_000 // SCALE), CARGO_TARGET_DIR=TARGET, KM0_TANSU=broker)
+    env = dict(os.environ, KM0_BENCH_EVENTS=str(events), CARGO_TARGET_DIR=TARGET, KM0_TANSU=broker)
     # --workspace, as scripts/test.sh builds it: the dependencies then resolve with the
     # workspace's dev-dependency features and the test build's wasmtime and km0 are reused.
     out, _ = run(["cargo", "bench", "--locked", "-q", "--workspace", "--bench", "kafka"], cwd=ROOT, env=env)
@@ -274,11 +281,51 @@ def json_parsers():
                 "cargo bench --workspace --bench json")
 
 
+def train(work):
+    """The training set of the profile-guided build (scripts/build-release.sh runs it with
+    the instrumented binary): every kind of job the cases above time, on other streams than
+    theirs (other key counts, sizes, event-time gaps and late shares), so that the profile
+    says which paths of the code are hot, not what the measured inputs hold; a checkpoint
+    and a recovery with each state backend; the Kafka path when tansu is installed."""
+    stock = os.path.join(ROOT, "examples/stock-alert/pipeline.toml")
+    panel = os.path.join(ROOT, "examples/delivery-panel/pipeline.toml")
+    sliding = sliding_pipeline(work)
+    for args in [
+        [stock, "--events", "300000", "--products", "30", "--markets", "20"],
+        [stock, "--events", "400000", "--products", "150", "--markets", "20", "--gap-ms", "8", "--late-fraction", "0.02"],
+        [stock, "--events", "300000", "--products", "300", "--markets", "10", "--gap-ms", "30"],
+        [sliding, "--events", "300000", "--products", "150", "--markets", "20", "--gap-ms", "8"],
+        [panel, "--stream", "delivery", "--events", "300000", "--riders", "100"],
+        [panel, "--stream", "delivery", "--events", "300000", "--riders", "2000"],
+    ]:
+        print(f"train: km0 bench {' '.join(args[1:])}", file=sys.stderr, flush=True)
+        run([KM0, "bench", *args, "--repeat", "1"])
+    windows(work, products=300, events=300_000)
+    kafka(events=200_000)
+
+
+def build_of(binary):
+    """How scripts/build-release.sh built `binary`: "pgo" or "plain", or "plain" when cargo
+    has built it again since (its note is then older than the binary)."""
+    note = binary + ".build"
+    try:
+        if os.path.getmtime(note) >= os.path.getmtime(binary):
+            return open(note).read().strip()
+    except OSError:
+        pass
+    return "plain"
+
+
 def main():
     if not os.access(KM0, os.X_OK):
-        sys.exit(f"bench: build km0 first ({KM0}): cargo build --release -p km0")
+        sys.exit(f"bench: build km0 first ({KM0}): scripts/build-release.sh")
     work = tempfile.mkdtemp(prefix="km0-bench.")
     try:
+        if "--train" in sys.argv:
+            train(work)
+            return
+        row("km0's release build", build_of(KM0), "", "",
+            "scripts/build-release.sh: pgo (profile-guided), or plain (cargo build --release; KM0_PGO=0)")
         if not ONLY or "throughput" in ONLY:
             throughput(work)
         if not ONLY or "windows" in ONLY:

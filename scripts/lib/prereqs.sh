@@ -68,3 +68,13 @@ km0_apt_install() {
   command -v apt-get >/dev/null 2>&1 || { echo "km0: no apt-get here: install $* with this system's package manager" >&2; return 1; }
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
 }
+
+# llvm-profdata of the active Rust toolchain (rustup's llvm-tools component: its LLVM is
+# rustc's, as profile-guided builds need), for scripts/build-release.sh.
+km0_llvm_profdata() {
+  local sysroot host
+  sysroot=$(rustc --print sysroot 2>/dev/null) || return 1
+  host=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+  [ -x "$sysroot/lib/rustlib/$host/bin/llvm-profdata" ] || return 1
+  echo "$sysroot/lib/rustlib/$host/bin/llvm-profdata"
+}

@@ -6,10 +6,12 @@ test:
 	./scripts/test.sh
 plugins:
 	./scripts/build-plugins.sh
-# The release binary, profile-guided (scripts/build-release.sh; KM0_PGO=0: plain).
+# The release binary, profile-guided (scripts/build-release.sh, which prints its path;
+# KM0_PGO=0: plain).
 release: plugins
 	./scripts/build-release.sh
 # Every benchmark case (throughput, ~1M-window checkpoints and recovery, memory per
 # window, JSON parsers, Kafka path) of the release binary, one table: scripts/bench.py.
-bench: release
-	CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target} python3 scripts/bench.py
+bench: plugins
+	bin=$$(./scripts/build-release.sh) && \
+	  KM0_BIN="$$bin" CARGO_TARGET_DIR=$${CARGO_TARGET_DIR:-$$HOME/.cache/km0-target} python3 scripts/bench.py

@@ -31,8 +31,9 @@ are its own:
   (--quick: smaller streams, for a smoke run; --only: some groups of cases)
   scripts/bench.py --train   (the profile-guided build's training set: no table)
 
-It times the binary `make bench` builds first: scripts/build-release.sh, profile-guided
-(PGO) unless KM0_PGO=0; the table's first row says which.
+It times the binary KM0_BIN names (`make bench`: the one scripts/build-release.sh builds
+first, profile-guided unless KM0_PGO=0; the table's first row says which), else cargo's
+release build. The JSON rows time km0's scanner as `cargo bench` compiles it: plain.
 """
 import json
 import os
@@ -47,7 +48,9 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/km0-target"))
-KM0 = os.path.join(TARGET, "release", "km0")
+# The binary timed: KM0_BIN (make bench: the profile-guided one scripts/build-release.sh
+# prints), else cargo's release build.
+KM0 = os.environ.get("KM0_BIN") or os.path.join(TARGET, "release", "km0")
 QUICK = "--quick" in sys.argv
 SCALE = 10 if QUICK else 1
 ONLY = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
@@ -236,7 +239,7 @@ def kafka(events=1_000_000 // SCALE):
     if not broker:
         row("Kafka -> km0 -> Kafka, km0 CPU per record", "skipped", "(no tansu)", "<= 0.8", "")
         return
-    env = dict(os.environ, KM0_BENCH_EVENTS=str(events), CARGO_TARGET_DIR=TARGET, KM0_TANSU=broker)
+    env = dict(os.environ, KM0_BENCH_EVENTS=str(events), CARGO_TARGET_DIR=TARGET, KM0_TANSU=broker, KM0_BIN=KM0)
     # --workspace, as scripts/test.sh builds it: the dependencies then resolve with the
     # workspace's dev-dependency features and the test build's wasmtime and km0 are reused.
     out, _ = run(["cargo", "bench", "--locked", "-q", "--workspace", "--bench", "kafka"], cwd=ROOT, env=env)
@@ -283,10 +286,14 @@ def json_parsers():
 
 def train(work):
     """The training set of the profile-guided build (scripts/build-release.sh runs it with
-    the instrumented binary): every kind of job the cases above time, on other streams than
-    theirs (other key counts, sizes, event-time gaps and late shares), so that the profile
-    says which paths of the code are hot, not what the measured inputs hold; a checkpoint
-    and a recovery with each state backend; the Kafka path when tansu is installed."""
+    the instrumented binary): the kinds of job the throughput cases time (the stock alert
+    over tumbling and sliding windows, the panel's ordered panes and sessions), on other
+    streams than theirs (other key counts, sizes, event-time
+    gaps and late shares), so that the profile says which paths of the code are hot, not
+    what the measured inputs hold; a checkpoint and a recovery with each state backend;
+    the Kafka path when tansu is installed. Not run, so compiled as rarely run: followed
+    inputs and the control API (the memory-per-window case), PostgreSQL sinks, the
+    Python and JavaScript plugins' host side."""
     stock = os.path.join(ROOT, "examples/stock-alert/pipeline.toml")
     panel = os.path.join(ROOT, "examples/delivery-panel/pipeline.toml")
     sliding = sliding_pipeline(work)
@@ -305,27 +312,24 @@ def train(work):
 
 
 def build_of(binary):
-    """How scripts/build-release.sh built `binary`: "pgo" or "plain", or "plain" when cargo
-    has built it again since (its note is then older than the binary)."""
-    note = binary + ".build"
-    try:
-        if os.path.getmtime(note) >= os.path.getmtime(binary):
-            return open(note).read().strip()
-    except OSError:
-        pass
-    return "plain"
+    """What `binary --version` says of its build: "profile-guided", "instrumented" (the
+    training's build, never timed) or "plain"."""
+    out, _ = run([binary, "--version"])
+    if "instrumented" in out:
+        sys.exit(f"bench: {binary} is the profile-guided build's instrumented binary: build it again")
+    return "profile-guided" if "profile-guided" in out else "plain"
 
 
 def main():
     if not os.access(KM0, os.X_OK):
-        sys.exit(f"bench: build km0 first ({KM0}): scripts/build-release.sh")
+        sys.exit(f"bench: build km0 first ({KM0}): scripts/build-release.sh, or cargo build --release -p km0")
     work = tempfile.mkdtemp(prefix="km0-bench.")
     try:
         if "--train" in sys.argv:
             train(work)
             return
-        row("km0's release build", build_of(KM0), "", "",
-            "scripts/build-release.sh: pgo (profile-guided), or plain (cargo build --release; KM0_PGO=0)")
+        row("km0 binary's build", build_of(KM0), "", "",
+            "km0 --version: make bench times the profile-guided one (scripts/build-release.sh; KM0_PGO=0: plain)")
         if not ONLY or "throughput" in ONLY:
             throughput(work)
         if not ONLY or "windows" in ONLY:

@@ -626,8 +626,13 @@ fn manifest_dir() -> String {
     std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
 }
 
-/// The `km0` binary that `cargo test --workspace` built beside this test executable.
+/// The `km0` binary that `cargo test --workspace` built beside this test executable, or the
+/// one `KM0_BIN` names.
 pub fn km0_bin() -> PathBuf {
+    // Another build of the same source, e.g. the profile-guided one (scripts/build-release.sh).
+    if let Some(bin) = std::env::var_os("KM0_BIN") {
+        return PathBuf::from(bin);
+    }
     let exe = std::env::current_exe().expect("test executable");
     let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
     let bin = dir.join("km0");

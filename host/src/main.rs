@@ -10,7 +10,7 @@ use km0::plugin::PluginRuntime;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
-#[command(name = "km0", version, about = "Event-time stream processing with WebAssembly plugins")]
+#[command(name = "km0", version = km0::BUILD, about = "Event-time stream processing with WebAssembly plugins")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

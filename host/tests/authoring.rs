@@ -3,11 +3,13 @@
 //! componentize-js) and passes its test case; a wrong expectation makes it fail with the
 //! differing line; bad names, existing folders and non-projects are refused clearly.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
 fn km0(args: &[&str], dir: &Path) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_km0"));
+    let mut cmd = Command::new(common::km0());
     cmd.args(args).current_dir(dir);
     // Rust templates build in a target folder of their own: the outer `cargo test` may
     // hold the shared one's lock.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn km0() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_km0"))
+    Command::new(common::km0())
 }
 
 fn example() -> PathBuf {
@@ -133,7 +133,7 @@ fn a_bounded_run_on_a_terminal_shows_its_progress_and_not_with_quiet_or_a_pipe()
     std::fs::write(&input, stream(1_000_000, 61)).unwrap();
     let job = stock_pipeline(dir.path(), &input, "out", "");
     let on_terminal = |extra: &str| {
-        let cmd = format!("{} run --http off {extra} {}", env!("CARGO_BIN_EXE_km0"), job.display());
+        let cmd = format!("{} run --http off {extra} {}", common::km0().display(), job.display());
         let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).to_string()

@@ -56,11 +56,7 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
     // The rest of the input arrives; stop with a savepoint (the CLI client).
     std::fs::write(dir.path().join("live.jsonl"), &text).unwrap();
     wait_for_read(&url, 60_000);
-    let out = Command::new(env!("CARGO_BIN_EXE_km0"))
-        .args(["stop", "--job", &url])
-        .env("KM0_TOKEN", "s3cret")
-        .output()
-        .unwrap();
+    let out = Command::new(km0()).args(["stop", "--job", &url]).env("KM0_TOKEN", "s3cret").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let at_stop = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let run = child.wait_with_output().unwrap();
@@ -70,7 +66,7 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
     // The uninterrupted run.
     reference_run(dir.path(), &job);
     // Resuming from the savepoint taken at the stop ends like the uninterrupted run.
-    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
+    let r = Command::new(km0())
         .args(["run", "--http", "off"])
         .arg(&job)
         .args(["--from-savepoint", &at_stop])
@@ -79,7 +75,7 @@ fn a_running_job_reports_its_status_writes_savepoints_and_stops_on_request() {
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert!(stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "ref"), "resumed output differs");
     // So does resuming from the one taken on demand (its outputs are rewritten after it).
-    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
+    let r = Command::new(km0())
         .args(["run", "--http", "off"])
         .arg(&job)
         .args(["--from-savepoint", &on_demand.display().to_string()])
@@ -114,7 +110,7 @@ fn listening_beyond_loopback_needs_an_explicit_token() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("live.jsonl"), "").unwrap();
     let job = pipeline(dir.path(), "out");
-    let out = Command::new(env!("CARGO_BIN_EXE_km0"))
+    let out = Command::new(km0())
         .args(["run", "--http", "0.0.0.0:0"])
         .arg(&job)
         .env_remove("KM0_TOKEN")

@@ -32,7 +32,7 @@ fn pipeline(dir: &Path, plugin_name: &str) -> PathBuf {
 }
 
 fn km0(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_km0")).args(args).env("KM0_TOKEN", TOKEN).output().unwrap()
+    Command::new(common::km0()).args(args).env("KM0_TOKEN", TOKEN).output().unwrap()
 }
 
 /// `km0 deploy PLUGIN --job URL --json`: the deploy's record.
@@ -236,7 +236,7 @@ fn refused_live_deploys_leave_the_job_running_unchanged() {
 fn a_live_deploy_needs_a_running_job_to_answer() {
     // Nothing listens: the CLI says so and fails.
     let port = free_port();
-    let out = Command::new(env!("CARGO_BIN_EXE_km0"))
+    let out = Command::new(common::km0())
         .args([
             "deploy",
             &plugin("min-stock-v2").to_string_lossy(),

@@ -71,48 +71,76 @@ fn libclang_dev_layouts_are_found() {
     assert_eq!(find_libclang(&["/usr/lib64/libclang.so.17"]), Some("/usr/lib64/libclang.so.17".into()));
 }
 
-/// The arguments a fake rustc gets through `scripts/lib/rustc-pgo.sh` (the profile-guided
-/// build's workspace wrapper) when cargo runs it with `args`, one per line.
-fn through_pgo_wrapper(args: &[&str], flags: &str) -> Vec<String> {
+/// What a fake rustc gets through `scripts/lib/rustc-pgo.sh` (the profile-guided build's
+/// workspace wrapper) when cargo runs it with `args`, with KM0_PGO `mode` and KM0_PGO_PATH
+/// `path`: the wrapper's exit code and the arguments, one per line. The fake rustc exits 3
+/// when its first argument is `fail`.
+fn through_pgo_wrapper(args: &[&str], mode: &str, path: &str) -> (Option<i32>, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let rustc = dir.path().join("rustc");
-    std::fs::write(&rustc, "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done\n").unwrap();
+    let script = "#!/bin/sh\nprintf '%s\\n' \"$@\"\n[ \"$1\" = fail ] && exit 3\nexit 0\n";
+    std::fs::write(&rustc, script).unwrap();
     Command::new("chmod").arg("+x").arg(&rustc).status().unwrap();
-    let out = Command::new(repo().join("scripts/lib/rustc-pgo.sh"))
-        .arg(&rustc)
-        .args(args)
-        .env("KM0_PGO_FLAGS", flags)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    let run = || {
+        Command::new(repo().join("scripts/lib/rustc-pgo.sh"))
+            .arg(&rustc)
+            .args(args)
+            .env("KM0_PGO", mode)
+            .env("KM0_PGO_PATH", path)
+            .output()
+    };
+    // A fork elsewhere in this process may still hold the script open for writing a
+    // moment (ETXTBSY): tried again.
+    let out = (0..50)
+        .find_map(|_| match run() {
+            Err(e) if e.raw_os_error() == Some(26) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                None
+            }
+            other => Some(other.unwrap()),
+        })
+        .expect("the wrapper ran");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect())
 }
 
 #[test]
-fn the_pgo_wrapper_gives_its_flags_to_the_km0_crate_alone() {
-    let flags = "-Cprofile-use=/p/km0.profdata -Cllvm-args=-x";
-    // km0's library and binary: the flags come last, each its own argument.
-    assert_eq!(
-        through_pgo_wrapper(&["--crate-name", "km0", "--edition=2021", "host/src/lib.rs"], flags),
-        [
-            "--crate-name",
-            "km0",
-            "--edition=2021",
-            "host/src/lib.rs",
-            "-Cprofile-use=/p/km0.profdata",
-            "-Cllvm-args=-x"
-        ]
-    );
-    // Other crates, a `km0` that is not the crate's name, and cargo's `rustc -vV`: untouched,
-    // an argument with spaces kept whole.
+fn the_pgo_wrapper_gives_its_flag_to_the_km0_library_alone() {
+    let km0 = ["--crate-name", "km0", "--edition=2021", "--crate-type", "lib", "host/src/lib.rs"];
+    let bin = ["--crate-name", "km0", "--crate-type", "bin", "host/src/main.rs"];
+    // km0's library; its binary too when instrumented: the flag comes last, one argument
+    // even with a space.
+    for (mode, path, args) in [
+        ("generate", "/tmp/w/raw", &km0[..]),
+        ("generate", "/tmp/w/raw", &bin),
+        ("use", "/my data/km0.profdata", &km0),
+    ] {
+        let (code, got) = through_pgo_wrapper(args, mode, path);
+        assert_eq!(code, Some(0));
+        let flag = format!("-Cprofile-{mode}={path}");
+        assert_eq!(got, [args, &[flag.as_str()]].concat(), "{mode}");
+    }
+    // km0's binary when optimised, other crates, a `km0` that is not the crate's name, and
+    // cargo's `rustc -vV`: untouched, an argument with spaces kept whole.
     for args in [
-        &["--crate-name", "km0_e2e", "tests/lib.rs"][..],
+        &bin[..],
+        &["--crate-name", "km0_e2e", "--crate-type", "lib", "tests/lib.rs"],
         &["--crate-name", "wasmtime", "--cfg", "feature=\"a b\""],
         &["--cfg", "km0", "--crate-name", "hashbrown"],
         &["-vV"],
     ] {
-        assert_eq!(through_pgo_wrapper(args, flags), args, "{args:?}");
+        assert_eq!(
+            through_pgo_wrapper(args, "use", "/p"),
+            (Some(0), args.iter().map(|a| a.to_string()).collect())
+        );
     }
-    // No flags set: km0 compiles as in a plain build.
-    assert_eq!(through_pgo_wrapper(&["--crate-name", "km0", "a.rs"], ""), ["--crate-name", "km0", "a.rs"]);
+    // No mode: km0 compiles as in a plain build. rustc's exit code is the wrapper's.
+    assert_eq!(through_pgo_wrapper(&km0, "", "/p"), (Some(0), km0.map(String::from).to_vec()));
+    assert_eq!(
+        through_pgo_wrapper(&["fail", "--crate-name", "km0", "--crate-type", "lib"], "use", "/p").0,
+        Some(3)
+    );
+    assert_eq!(through_pgo_wrapper(&["fail", "--crate-name", "serde"], "use", "/p").0, Some(3));
+    // A mode it does not know, or no path: refused, rustc not run.
+    assert_eq!(through_pgo_wrapper(&km0, "yes", "/p"), (Some(2), vec![]));
+    assert_eq!(through_pgo_wrapper(&km0, "use", "").0, Some(1));
 }

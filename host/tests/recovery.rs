@@ -93,7 +93,7 @@ fn sigkill_and_recover(backend: &str) {
     while kills < 12 {
         let before = chk_numbers().into_iter().max().unwrap_or(0);
         let (spelling, cwd) = &spellings[kills % spellings.len()];
-        let mut child = Command::new(env!("CARGO_BIN_EXE_km0"))
+        let mut child = Command::new(km0())
             .args(["run", "--follow"])
             .arg(spelling)
             .current_dir(cwd)
@@ -118,7 +118,7 @@ fn sigkill_and_recover(backend: &str) {
     assert!(checkpoints_left >= 1, "the killed runs left checkpoints");
 
     // The input is complete now: one last run recovers and reads it to the end.
-    let out = Command::new(env!("CARGO_BIN_EXE_km0")).arg("run").arg(&job).output().unwrap();
+    let out = Command::new(km0()).arg("run").arg(&job).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("recovered from checkpoint chk-"), "{err}");
@@ -319,7 +319,7 @@ interval = "100ms"
         })
     };
     let start = || {
-        Command::new(env!("CARGO_BIN_EXE_km0"))
+        Command::new(km0())
             .args(["run", "--follow"])
             .arg(&job)
             .stdout(Stdio::null())
@@ -374,7 +374,7 @@ fn sigterm_stops_with_a_savepoint_that_resumes_to_the_uninterrupted_output() {
     let live = dir.path().join("live.jsonl");
     std::fs::write(&live, &half).unwrap();
     let job = pipeline(dir.path(), &live, "out", "");
-    let child = Command::new(env!("CARGO_BIN_EXE_km0"))
+    let child = Command::new(km0())
         .args(["run", "--follow"])
         .arg(&job)
         .stdout(Stdio::piped())
@@ -393,12 +393,8 @@ fn sigterm_stops_with_a_savepoint_that_resumes_to_the_uninterrupted_output() {
     assert!(Path::new(&savepoint).join("savepoint.json").exists(), "{savepoint}");
     // The rest of the input arrives; the job resumes from the savepoint to the end.
     std::fs::write(&live, &text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_km0"))
-        .arg("run")
-        .arg(&job)
-        .args(["--from-savepoint", &savepoint])
-        .output()
-        .unwrap();
+    let out =
+        Command::new(km0()).arg("run").arg(&job).args(["--from-savepoint", &savepoint]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let reference = pipeline(dir.path(), &live, "ref", "");
     let p = Pipeline::load(&reference).unwrap();

@@ -1,6 +1,6 @@
 # Detection of km0's build and test prerequisites, each checked the way its consumer uses it.
-# Sourced by setup.sh, doctor.sh and test.sh; tested against fake file layouts in
-# host/tests/prereqs.rs. Every function returns 0 when the prerequisite is usable.
+# Sourced by setup.sh, doctor.sh, test.sh and build-release.sh; tested against fake file
+# layouts in host/tests/prereqs.rs. Every function returns 0 when the prerequisite is usable.
 
 # bindgen (through clang-sys) dlopens `libclang.so`, `libclang-<N>.so`, `libclang.so.<N>` or
 # `libclang-<N>.so.<M>`, from LIBCLANG_PATH, `llvm-config --libdir` or the usual library
@@ -73,8 +73,14 @@ km0_apt_install() {
 # rustc's, as profile-guided builds need), for scripts/build-release.sh.
 km0_llvm_profdata() {
   local sysroot host
-  sysroot=$(rustc --print sysroot 2>/dev/null) || return 1
-  host=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+  sysroot=$("${RUSTC:-rustc}" --print sysroot 2>/dev/null) || return 1
+  host=$("${RUSTC:-rustc}" -vV 2>/dev/null | sed -n 's/^host: //p')
   [ -x "$sysroot/lib/rustlib/$host/bin/llvm-profdata" ] || return 1
   echo "$sysroot/lib/rustlib/$host/bin/llvm-profdata"
+}
+
+# The tansu broker, where scripts/bench.py looks for it: KM0_TANSU, the folder
+# scripts/install-tansu.sh installs into, or PATH.
+km0_has_tansu() {
+  { [ -n "${KM0_TANSU:-}" ] && [ -x "$KM0_TANSU" ]; } || [ -x "$(km0_tansu_bin)" ] || command -v tansu >/dev/null 2>&1
 }

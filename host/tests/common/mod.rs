@@ -15,6 +15,12 @@ pub fn repo() -> PathBuf {
     Path::new(&dir).parent().expect("host/ has a parent").to_path_buf()
 }
 
+/// The `km0` binary under test: cargo's, or another build of the same source that
+/// `KM0_BIN` names (the profile-guided one of scripts/build-release.sh).
+pub fn km0() -> PathBuf {
+    std::env::var_os("KM0_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_km0")), PathBuf::from)
+}
+
 /// A plugin component built by `scripts/build-plugins.sh` into `plugins/dist/`.
 pub fn plugin(name: &str) -> PathBuf {
     let p = repo().join(format!("plugins/dist/{name}.wasm"));
@@ -80,7 +86,7 @@ pub fn free_port() -> u16 {
 
 /// `km0 run --follow JOB` with its control API on `port` and `token`.
 pub fn start_following(job: &Path, port: u16, token: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_km0"))
+    Command::new(km0())
         .args(["run", "--follow", "--http", &format!("127.0.0.1:{port}")])
         .arg(job)
         .env("KM0_TOKEN", token)
@@ -119,11 +125,7 @@ pub fn wait_for_read(url: &str, records: u64) {
 pub fn reference_run(dir: &Path, job: &Path) {
     let reference = dir.join("ref.toml");
     std::fs::write(&reference, std::fs::read_to_string(job).unwrap().replace("out/", "ref/")).unwrap();
-    let r = Command::new(env!("CARGO_BIN_EXE_km0"))
-        .args(["run", "--http", "off"])
-        .arg(&reference)
-        .output()
-        .unwrap();
+    let r = Command::new(km0()).args(["run", "--http", "off"]).arg(&reference).output().unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 }
 

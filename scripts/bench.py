@@ -50,7 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/km0-target"))
 # The binary timed: KM0_BIN (make bench: the profile-guided one scripts/build-release.sh
 # prints), else cargo's release build.
-KM0 = os.environ.get("KM0_BIN") or os.path.join(TARGET, "release", "km0")
+KM0 = os.path.abspath(os.environ.get("KM0_BIN") or os.path.join(TARGET, "release", "km0"))
 QUICK = "--quick" in sys.argv
 SCALE = 10 if QUICK else 1
 ONLY = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None

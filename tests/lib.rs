@@ -630,8 +630,10 @@ fn manifest_dir() -> String {
 /// one `KM0_BIN` names.
 pub fn km0_bin() -> PathBuf {
     // Another build of the same source, e.g. the profile-guided one (scripts/build-release.sh).
-    if let Some(bin) = std::env::var_os("KM0_BIN") {
-        return PathBuf::from(bin);
+    // An empty value counts as unset; a relative one is taken from the repository's root, where
+    // `make test` runs (cargo starts each test in its own crate's folder).
+    if let Some(bin) = std::env::var_os("KM0_BIN").filter(|b| !b.is_empty()) {
+        return repo().join(bin);
     }
     let exe = std::env::current_exe().expect("test executable");
     let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");

@@ -31,9 +31,10 @@ pub use error::{Error, Result};
 
 /// The version and how this crate was compiled (`km0 --version`): "profile-guided" when
 /// built by `make release` (scripts/build-release.sh), "instrumented" for its training
-/// build. KM0_PGO is read here so that cargo rebuilds the crate when it changes: the
-/// rustc flag it stands for (scripts/lib/rustc-pgo.sh) is not part of cargo's fingerprint.
-pub const BUILD: &str = match option_env!("KM0_PGO") {
+/// build. KM0_PGO_MODE (set by that script for its stages alone) is read here so that cargo
+/// rebuilds the crate when it changes: the rustc flag it stands for (scripts/lib/rustc-pgo.sh)
+/// is not part of cargo's fingerprint.
+pub const BUILD: &str = match option_env!("KM0_PGO_MODE") {
     Some(mode) => match mode.as_bytes() {
         b"use" => concat!(env!("CARGO_PKG_VERSION"), " (profile-guided)"),
         b"generate" => concat!(env!("CARGO_PKG_VERSION"), " (instrumented for profile-guided optimisation)"),

@@ -72,7 +72,7 @@ fn libclang_dev_layouts_are_found() {
 }
 
 /// What a fake rustc gets through `scripts/lib/rustc-pgo.sh` (the profile-guided build's
-/// workspace wrapper) when cargo runs it with `args`, with KM0_PGO `mode` and KM0_PGO_PATH
+/// workspace wrapper) when cargo runs it with `args`, with KM0_PGO_MODE `mode` and KM0_PGO_PATH
 /// `path`: the wrapper's exit code and the arguments, one per line. The fake rustc exits 3
 /// when its first argument is `fail`.
 fn through_pgo_wrapper(args: &[&str], mode: &str, path: &str) -> (Option<i32>, Vec<String>) {
@@ -85,7 +85,7 @@ fn through_pgo_wrapper(args: &[&str], mode: &str, path: &str) -> (Option<i32>, V
         Command::new(repo().join("scripts/lib/rustc-pgo.sh"))
             .arg(&rustc)
             .args(args)
-            .env("KM0_PGO", mode)
+            .env("KM0_PGO_MODE", mode)
             .env("KM0_PGO_PATH", path)
             .output()
     };

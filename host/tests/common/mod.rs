@@ -18,7 +18,12 @@ pub fn repo() -> PathBuf {
 /// The `km0` binary under test: cargo's, or another build of the same source that
 /// `KM0_BIN` names (the profile-guided one of scripts/build-release.sh).
 pub fn km0() -> PathBuf {
-    std::env::var_os("KM0_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_km0")), PathBuf::from)
+    // An empty value counts as unset; a relative one is taken from the repository's root, where
+    // `make test` runs (cargo starts each test in its own crate's folder).
+    match std::env::var_os("KM0_BIN").filter(|b| !b.is_empty()) {
+        Some(bin) => repo().join(bin),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_km0")),
+    }
 }
 
 /// A plugin component built by `scripts/build-plugins.sh` into `plugins/dist/`.

@@ -52,3 +52,45 @@ impl Error {
         Error::Io { action, path: path.into(), source }
     }
 }
+
+/// An error and its causes on one line, `outer: cause: ...`, as `{:#}` prints an
+/// `anyhow` chain, but without a cause that the message before it already ends with
+/// ([`Error::Io`] says its cause, and keeps it as its source too: a plain chain said
+/// "No such file or directory (os error 2)" twice).
+pub fn chain_text<'a>(mut chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
+    let mut text = chain.next().map(ToString::to_string).unwrap_or_default();
+    for cause in chain {
+        let cause = cause.to_string();
+        if !text.ends_with(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+        chain_text(std::iter::successors(Some(e), |e| e.source()))
+    }
+
+    #[test]
+    fn a_cause_the_message_says_is_not_said_again() {
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = Error::io("read plugin", "/no/such.wasm", missing);
+        let cause = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
+        assert_eq!(chain(&e), format!("read plugin /no/such.wasm: {cause}"));
+    }
+
+    #[test]
+    fn a_cause_the_message_does_not_say_is_added() {
+        let e = anyhow::Error::new(Error::Usage("no input".into())).context("run stock-alert");
+        assert_eq!(chain_text(e.chain()), "run stock-alert: no input");
+        let inner = std::io::Error::other("disk full");
+        let e = anyhow::Error::new(Error::io("write results", "out.jsonl", inner)).context("job stock-alert");
+        assert_eq!(chain_text(e.chain()), "job stock-alert: write results out.jsonl: disk full");
+    }
+}

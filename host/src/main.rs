@@ -247,7 +247,7 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("km0: error: {e:#}");
+        eprintln!("km0: error: {}", km0::error::chain_text(e.chain()));
         std::process::exit(1);
     }
 }

@@ -27,6 +27,21 @@ fn validate_names_an_unknown_field() {
 }
 
 #[test]
+fn a_missing_plugin_is_named_with_its_cause_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(example()).unwrap().replace("min-stock.wasm", "no-such-plugin.wasm");
+    let p = dir.path().join("p.toml");
+    std::fs::write(&p, text).unwrap();
+    let out = km0().arg("bench").arg(&p).args(["--events", "100"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    // ENOENT's text, as the OS says it ("No such file or directory (os error 2)").
+    let cause = std::io::Error::from_raw_os_error(2).to_string();
+    assert!(err.contains("read plugin ") && err.contains("no-such-plugin.wasm"), "{err}");
+    assert_eq!(err.matches(cause.as_str()).count(), 1, "{err}");
+}
+
+#[test]
 fn run_prints_a_summary_and_deploy_refuses_a_downgrade() {
     let plugins = repo().join("plugins/dist");
     assert!(plugins.join("min-stock-v2.wasm").exists(), "build the plugins first (scripts/build-plugins.sh)");

@@ -14,12 +14,19 @@ fn example() -> PathBuf {
     repo().join("examples/stock-alert/pipeline.toml")
 }
 
-#[test]
-fn validate_names_an_unknown_field() {
+/// The stock-alert example with `from` replaced by `to`, in a temporary folder (kept while
+/// the returned guard lives; relative paths then point nowhere).
+fn edited_example(from: &str, to: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(example()).unwrap().replace("[window]", "[window]\nslid = \"1m\"");
+    let text = std::fs::read_to_string(example()).unwrap().replace(from, to);
     let p = dir.path().join("p.toml");
     std::fs::write(&p, text).unwrap();
+    (dir, p)
+}
+
+#[test]
+fn validate_names_an_unknown_field() {
+    let (_dir, p) = edited_example("[window]", "[window]\nslid = \"1m\"");
     let out = km0().arg("validate").arg(&p).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -28,10 +35,7 @@ fn validate_names_an_unknown_field() {
 
 #[test]
 fn a_missing_plugin_is_named_with_its_cause_said_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(example()).unwrap().replace("min-stock.wasm", "no-such-plugin.wasm");
-    let p = dir.path().join("p.toml");
-    std::fs::write(&p, text).unwrap();
+    let (_dir, p) = edited_example("min-stock.wasm", "no-such-plugin.wasm");
     let out = km0().arg("bench").arg(&p).args(["--events", "100"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -144,3 +144,121 @@ fn the_pgo_wrapper_gives_its_flag_to_the_km0_library_alone() {
     assert_eq!(through_pgo_wrapper(&km0, "yes", "/p"), (Some(2), vec![]));
     assert_eq!(through_pgo_wrapper(&km0, "use", "").0, Some(1));
 }
+
+/// The defined functions of an object file (`nm`), sorted.
+fn defined_functions(object: &Path) -> Vec<String> {
+    let out = Command::new("nm").arg("--defined-only").arg(object).output().unwrap();
+    assert!(out.status.success(), "nm {}", object.display());
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [_, "T", name] => Some(name.to_string()),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Compiles every source of a fake librocksdb-sys the way `cc` does, through
+/// `scripts/lib/rocksdb-cxx.sh` with batches of `batch`, links the objects with a main that
+/// prints what each source's function returns, and gives: each source's object's defined
+/// functions, what the program printed, and the wrapper's stderr.
+fn through_rocksdb_cxx(batch: &str) -> (Vec<(String, Vec<String>)>, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // Sources of two folders; b's two each define their own `same` (a batch of them does not
+    // compile as one unit); snappy/ is not RocksDB's and not in the list.
+    let sources = [
+        ("rocksdb/a/one.cc", "extern \"C\" int one() { return 1; }"),
+        ("rocksdb/a/two.cc", "extern \"C\" int two() { return 2; }"),
+        (
+            "rocksdb/a/three.cc",
+            "static int helper() { return 3; }\nextern \"C\" int three() { return helper(); }",
+        ),
+        (
+            "rocksdb/b/clash1.cc",
+            "static int same() { return 10; }\nextern \"C\" int clash1() { return same(); }",
+        ),
+        (
+            "rocksdb/b/clash2.cc",
+            "static int same() { return 20; }\nextern \"C\" int clash2() { return same(); }",
+        ),
+        ("snappy/own.cc", "extern \"C\" int own() { return 7; }"),
+    ];
+    for (path, text) in sources {
+        std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
+        std::fs::write(root.join(path), text).unwrap();
+    }
+    std::fs::create_dir_all(root.join("rocksdb/include/rocksdb")).unwrap();
+    std::fs::write(root.join("rocksdb/include/rocksdb/db.h"), "").unwrap();
+    std::fs::write(
+        root.join("rocksdb_lib_sources.txt"),
+        "a/one.cc\na/two.cc\na/three.cc\nb/clash1.cc\nb/clash2.cc\nutil/build_version.cc\n",
+    )
+    .unwrap();
+    let out = root.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut objects = vec![];
+    let mut stderr = String::new();
+    for (path, _) in sources {
+        let object = out.join(format!("h-{}.o", Path::new(path).file_stem().unwrap().to_string_lossy()));
+        let run = Command::new(repo().join("scripts/lib/rocksdb-cxx.sh"))
+            .current_dir(root)
+            .args(["-O2", "-fPIC", "-I", "rocksdb/include/", "-o"])
+            .arg(&object)
+            .args(["-c", path])
+            .env("KM0_ROCKSDB_BATCH", batch)
+            .env_remove("CXX")
+            .output()
+            .unwrap();
+        stderr.push_str(&String::from_utf8_lossy(&run.stderr));
+        assert!(run.status.success(), "{path}: {stderr}");
+        objects.push((path.to_string(), defined_functions(&object)));
+    }
+    let main = root.join("main.cc");
+    std::fs::write(
+        &main,
+        "#include <cstdio>\nextern \"C\" { int one(); int two(); int three(); int clash1(); int clash2(); int own(); }\n\
+         int main() { std::printf(\"%d %d %d %d %d %d\", one(), two(), three(), clash1(), clash2(), own()); }\n",
+    )
+    .unwrap();
+    let program = root.join("program");
+    let linked = Command::new("c++")
+        .arg(&main)
+        .args(objects.iter().map(|(path, _)| {
+            out.join(format!("h-{}.o", Path::new(path).file_stem().unwrap().to_string_lossy()))
+        }))
+        .arg("-o")
+        .arg(&program)
+        .status()
+        .unwrap();
+    assert!(linked.success());
+    let printed = Command::new(&program).output().unwrap();
+    (objects, String::from_utf8_lossy(&printed.stdout).into_owned(), stderr)
+}
+
+#[test]
+fn rocksdbs_sources_compile_in_batches_into_the_same_program() {
+    let (objects, printed, stderr) = through_rocksdb_cxx("24");
+    let defined = |path: &str| objects.iter().find(|(p, _)| p == path).unwrap().1.clone();
+    // a/'s three sources are one batch, compiled into its first source's object.
+    assert_eq!(defined("rocksdb/a/one.cc"), ["one", "three", "two"]);
+    assert_eq!(defined("rocksdb/a/two.cc"), Vec::<String>::new());
+    assert_eq!(defined("rocksdb/a/three.cc"), Vec::<String>::new());
+    // b/'s batch does not compile as one unit: one by one, linked into its first object,
+    // each source keeping its own `same`; and said.
+    assert_eq!(defined("rocksdb/b/clash1.cc"), ["clash1", "clash2"]);
+    assert_eq!(defined("rocksdb/b/clash2.cc"), Vec::<String>::new());
+    assert!(stderr.contains("the batch of b/clash1.cc did not compile as one unit"), "{stderr}");
+    // Not one of RocksDB's listed sources: compiled as asked.
+    assert_eq!(defined("snappy/own.cc"), ["own"]);
+    assert_eq!(printed, "1 2 3 10 20 7");
+
+    // Batches of two: a/three.cc is a batch of its own.
+    let (objects, printed, _) = through_rocksdb_cxx("2");
+    let defined = |path: &str| objects.iter().find(|(p, _)| p == path).unwrap().1.clone();
+    assert_eq!(defined("rocksdb/a/one.cc"), ["one", "two"]);
+    assert_eq!(defined("rocksdb/a/three.cc"), ["three"]);
+    assert_eq!(printed, "1 2 3 10 20 7");
+}

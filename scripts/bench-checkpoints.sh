@@ -3,10 +3,14 @@
 # 5-minute window), one checkpoint near the end of the input, for the memory and the
 # RocksDB backends: processing pause, background write time, then recovery time; and
 # stock-alert throughput with a checkpoint every 100k records.
-set -eu
+set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
 km0="$CARGO_TARGET_DIR/release/km0"
+# Each run's output is filtered down to its timing lines, so a missing input fails here, said.
+for f in "$km0" plugins/dist/min-stock.wasm; do
+  [ -e "$f" ] || { echo "km0: $f is missing: make bench builds it (or scripts/build-plugins.sh, cargo build --release)" >&2; exit 1; }
+done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$km0" generate stock --events 2000000 --products 1000 --markets 1000 --gap-ms 0 --late-fraction 0 --out "$work/keys.jsonl"

@@ -14,6 +14,7 @@ use km0::pipeline::Pipeline;
 use km0::plugin::PluginRuntime;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::SystemTime;
 
 /// The language of a plugin project.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -139,12 +140,57 @@ pub fn build(dir: &Path) -> Result<PathBuf> {
     let dist = dir.join("dist");
     std::fs::create_dir_all(&dist).with_context(|| format!("create {}", dist.display()))?;
     let out = dist.join(format!("{name}.wasm"));
-    match detect(&dir)? {
-        Lang::Rust => build_rust(&dir, &out)?,
-        Lang::Python => build_python(&dir, &out)?,
-        Lang::Js => build_js(&dir, &out)?,
+    let lang = detect(&dir)?;
+    // Cargo knows when a Rust build is up to date; the other two are built again only when
+    // the project changed (each takes 10 s or more, and `km0 plugin test` builds first).
+    if lang != Lang::Rust && up_to_date(&dir, &out) {
+        eprintln!("km0: {} is up to date (no file of the project changed since it was built)", out.display());
+        return Ok(out);
     }
+    // Built beside, then renamed: a build that fails leaves no component that looks new.
+    // (It is dated when written, as make's targets are: the tools create caches in the
+    // project while they run, `__pycache__/`, which changes its folder.)
+    let fresh = dist.join(format!(".{name}.wasm.tmp"));
+    match lang {
+        Lang::Rust => build_rust(&dir, &fresh)?,
+        Lang::Python => build_python(&dir, &fresh)?,
+        Lang::Js => build_js(&dir, &fresh)?,
+    }
+    std::fs::rename(&fresh, &out)
+        .with_context(|| format!("rename {} to {}", fresh.display(), out.display()))?;
     Ok(out)
+}
+
+/// Folders of a project that its build does not read (besides hidden ones): what builds
+/// and tests write, and the installed tools.
+const NOT_SOURCES: &[&str] = &["dist", "test", "target", "node_modules", "__pycache__"];
+
+/// Whether the component `out` was built after the last change to the project in `dir`:
+/// to any of its files and folders (a file removed changes its folder), but those in
+/// [`NOT_SOURCES`] and hidden ones. False when something cannot be read.
+fn up_to_date(dir: &Path, out: &Path) -> bool {
+    let Ok(built) = std::fs::metadata(out).and_then(|m| m.modified()) else { return false };
+    newest_change(dir).is_ok_and(|newest| newest < built)
+}
+
+/// The latest modification time of `dir` and what it holds, but [`NOT_SOURCES`] and
+/// hidden entries.
+fn newest_change(dir: &Path) -> std::io::Result<SystemTime> {
+    let mut newest = std::fs::metadata(dir)?.modified()?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || NOT_SOURCES.contains(&name.as_ref()) {
+            continue;
+        }
+        // Followed, as the build tools follow links.
+        let path = entry.path();
+        let meta = std::fs::metadata(&path)?;
+        let changed = if meta.is_dir() { newest_change(&path)? } else { meta.modified()? };
+        newest = newest.max(changed);
+    }
+    Ok(newest)
 }
 
 fn detect(dir: &Path) -> Result<Lang> {
@@ -320,4 +366,67 @@ pub fn test(dir: &Path, runtime: &PluginRuntime) -> Result<TestReport> {
     }
     let c = &summary.counters;
     Ok(TestReport { results: got.len(), late: c.late, dead_lettered: c.dead_lettered })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_component_is_up_to_date_until_a_file_its_build_reads_changes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("p");
+        let now = SystemTime::now();
+        let at = |secs_ago: u64| now - Duration::from_secs(secs_ago);
+        let write = |rel: &str, when: SystemTime| {
+            let path = dir.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, rel).unwrap();
+            std::fs::File::options().write(true).open(&path).unwrap().set_modified(when).unwrap();
+        };
+        // Folders are dated as well (a file created or removed changes its folder).
+        let date_dir = |rel: &str, when: SystemTime| {
+            std::fs::File::open(dir.join(rel)).unwrap().set_modified(when).unwrap();
+        };
+        for f in ["aggregate.py", "km0_sdk.py", "wit/aggregate.wit", "test/expected.jsonl"] {
+            write(f, at(100));
+        }
+        for d in ["wit", "test", ""] {
+            date_dir(d, at(100));
+        }
+        let out = dir.join("dist/p.wasm");
+        assert!(!up_to_date(&dir, &out), "no component yet");
+        write("dist/p.wasm", at(50));
+        date_dir("", at(100));
+        assert!(up_to_date(&dir, &out));
+
+        // What builds, tests and tools write is not read by the build.
+        for f in [
+            "test/expected.jsonl",
+            "test/out/results.jsonl",
+            "node_modules/x/y.js",
+            ".git/HEAD",
+            "__pycache__/a.pyc",
+        ] {
+            write(f, at(10));
+        }
+        for d in ["node_modules", ".git", "__pycache__", ""] {
+            date_dir(d, at(100));
+        }
+        assert!(up_to_date(&dir, &out));
+
+        // A source changed, at the top or deeper down; a source removed.
+        write("aggregate.py", at(10));
+        assert!(!up_to_date(&dir, &out));
+        write("aggregate.py", at(100));
+        assert!(up_to_date(&dir, &out));
+        write("wit/aggregate.wit", at(10));
+        assert!(!up_to_date(&dir, &out));
+        write("wit/aggregate.wit", at(100));
+        date_dir("wit", at(100));
+        assert!(up_to_date(&dir, &out));
+        std::fs::remove_file(dir.join("km0_sdk.py")).unwrap();
+        assert!(!up_to_date(&dir, &out));
+    }
 }

@@ -167,7 +167,8 @@ enum PluginCommand {
         #[arg(long, default_value = ".")]
         dir: PathBuf,
     },
-    /// Build a plugin project into PATH/dist/<folder name>.wasm and inspect the result.
+    /// Build a plugin project into PATH/dist/<folder name>.wasm (a Python or JavaScript one
+    /// only when a file of it changed since) and inspect the result.
     Build {
         #[arg(default_value = ".")]
         path: PathBuf,

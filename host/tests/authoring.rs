@@ -48,13 +48,36 @@ fn scaffold_builds_and_passes_its_test(lang: &str) {
 
     // The case really checks the plugin's output: a wrong expectation fails, naming the line.
     let expected = project.join("test/expected.jsonl");
-    let wrong = std::fs::read_to_string(&expected).unwrap().replace("\"max\":8}", "\"max\":80}");
+    let right = std::fs::read_to_string(&expected).unwrap();
+    let wrong = right.replace("\"max\":8}", "\"max\":80}");
     std::fs::write(&expected, wrong).unwrap();
     let o = km0(&["plugin", "test", &name], tmp.path());
     assert!(!o.status.success());
     let err = text(&o);
     assert!(err.contains("1 of 4 result lines differ") && err.contains("line 2:"), "{err}");
     assert!(err.contains(r#"got      {"key":"0|b","value":{"window_start":0,"window_end":60000,"key":["b"],"count":2,"max":8}}"#), "{err}");
+    // Only the test case changed: a Python or JavaScript component is not built again
+    // (cargo decides for Rust).
+    if lang != "rust" {
+        assert!(err.contains(&format!("dist/{name}.wasm is up to date")), "{err}");
+    }
+
+    // A changed source is built again (checked with Python, the quicker of the two tools
+    // that km0 decides for; which files count is the unit test's).
+    if lang == "python" {
+        std::fs::write(&expected, &right).unwrap();
+        let source = project.join("aggregate.py");
+        let before = std::fs::read_to_string(&source).unwrap();
+        let changed =
+            before.replace(r#""max": maximum,"#, r#""max": None if maximum is None else maximum + 1,"#);
+        assert_ne!(changed, before);
+        std::fs::write(&source, changed).unwrap();
+        let o = km0(&["plugin", "test", &name], tmp.path());
+        assert!(!o.status.success());
+        let err = text(&o);
+        assert!(!err.contains("is up to date") && err.contains("4 of 4 result lines differ"), "{err}");
+        assert!(err.contains(r#"got      {"key":"0|b","value":{"window_start":0,"window_end":60000,"key":["b"],"count":2,"max":9}}"#), "{err}");
+    }
 }
 
 #[test]

@@ -33,7 +33,8 @@ echo "== prerequisites"
 echo "== cargo test (release)"
 # The Kafka tests (tests/kafka.rs, about 55 s, most of it the broker's work and waits) run
 # beside the others, whose slowest (plugin authoring with the real toolchains, about 45 s)
-# also waits on other processes: 100 s for both against 150 one after the other. Each run
+# also waits on other processes: about 120 s for both against 150 one after the other (on
+# two cores each slows the other: the Kafka tests took 95 s, the authoring ones 74). Each run
 # selects targets of the whole workspace (--workspace), so that no dependency resolves
 # with other features than the build above and is built again. The others are every test
 # target but kafka, as `cargo metadata` lists them, and the unit and doc tests.

@@ -222,6 +222,11 @@ pub struct WindowOperator {
     /// that fire, and [`place_by_rank`]'s.
     fired_slots: Vec<(u32, Window, (i64, SlotHandle))>,
     placed_slots: Vec<(u32, Window, (i64, SlotHandle))>,
+    /// Scratch of [`Self::run_timers`]: the (key, id) of the fire and cleanup timers due
+    /// (a period's windows come due together: grown afresh each time, they took a dozen
+    /// reallocations and copies of up to the period's windows).
+    due_fires: Vec<(u32, i64)>,
+    due_cleanups: Vec<(u32, i64)>,
     /// Firings left that take two calls after a fault in one (see [`Self::fire_closing`]).
     fire_paused: u32,
     /// Firings of sliding windows left that take `merge` and `finish` calls after a fault
@@ -288,6 +293,8 @@ impl WindowOperator {
             placed: Vec::new(),
             fired_slots: Vec::new(),
             placed_slots: Vec::new(),
+            due_fires: Vec::new(),
+            due_cleanups: Vec::new(),
             fire_paused: 0,
             panes_paused: 0,
             pane_accs: crate::plugin::empty_packed(),
@@ -1011,8 +1018,10 @@ impl WindowOperator {
         }
         let sessions = matches!(self.assigner, Assigner::Session { .. });
         let sliding = matches!(self.assigner, Assigner::Sliding { .. });
-        let mut fires = Vec::new();
-        let mut cleanups = Vec::new();
+        let (mut fires, mut cleanups) =
+            (std::mem::take(&mut self.due_fires), std::mem::take(&mut self.due_cleanups));
+        fires.clear();
+        cleanups.clear();
         while let Some(t) = self.state.pop_due(wm) {
             if sessions {
                 // A timer of a merged-away session, or of a session that has grown since.
@@ -1051,6 +1060,7 @@ impl WindowOperator {
         if fires.is_empty() && cleanups.is_empty() {
             // Only stale timers were due (sessions that grew since): no call.
             self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
+            (self.due_fires, self.due_cleanups) = (fires, cleanups);
             return Ok(());
         }
         // Tumbling windows of an unordered plugin that folds and finishes in one call, that
@@ -1073,9 +1083,10 @@ impl WindowOperator {
             // Fires that close their slots removed them.
             self.emit(&fires, out, self.fire_cleans_up())?;
         }
-        for (key, id) in cleanups {
+        for &(key, id) in &cleanups {
             self.drop_slot(key, id);
         }
+        (self.due_fires, self.due_cleanups) = (fires, cleanups);
         self.forget_idle_keys();
         self.next_fire = self.state.next_timer().unwrap_or(i64::MAX);
         Ok(())

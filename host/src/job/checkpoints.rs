@@ -58,6 +58,12 @@ impl Checkpointer {
         records % 1024 == 0 && self.due_by_time()
     }
 
+    /// Records from `records` on until a checkpoint is due by record count (None: none is
+    /// counted): the loop takes no more in a row (`runner::run_length`).
+    pub(super) fn records_until_due(&self, records: u64) -> Option<u64> {
+        self.spec.every_records.map(|n| (self.records_at_last + n).saturating_sub(records))
+    }
+
     pub(super) fn due_by_time(&self) -> bool {
         self.last.elapsed() >= Duration::from_millis(self.spec.interval_ms as u64)
     }

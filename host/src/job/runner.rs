@@ -168,8 +168,13 @@ pub(super) fn start(
         }
         // A record whose layout the scanner knows is scanned where it lies, in the input
         // ahead, which finds its end too; others are found by their line break first.
+        // Records in a row up to the next one after which the loop looks at something
+        // (below) go in one call.
         let got = if job.frames() {
-            source.next_record_framed(|ahead, pos| job.on_record_framed(ahead, pos))?
+            let read = source.records();
+            let checkpoint_in = checkpoints.as_ref().and_then(|c| c.records_until_due(read));
+            let most = run_length(read, read_before, stop_after, checkpoint_in);
+            source.next_records_framed(most, |ahead, pos| job.on_record_framed(ahead, pos))?
         } else {
             source.next_record()?.map_or(Framed::End, |(record, pos)| Framed::Record(record, pos))
         };
@@ -181,6 +186,8 @@ pub(super) fn start(
                 for p in source.take_ended() {
                     job.partition_ended(p)?;
                 }
+                // After the last record of a run, which ends where any of these may apply
+                // ([`run_length`]); a signal is looked at after a run (of up to 1024).
                 let read = source.records();
                 if stop_after.is_some_and(|n| read - read_before >= n) || super::signals::stop_requested() {
                     stopped = true;
@@ -314,6 +321,21 @@ pub(super) fn start(
     })
 }
 
+/// Records the loop may take in a row (at least one) from `read` on: up to the next
+/// multiple of 1024 (commands, checkpoints by time, the sink's backlog, lag), the
+/// `checkpoint_in` records before one is due by count, and `stop_after` records since
+/// `read_before`. After each of those the loop looks, as it would after every record.
+fn run_length(read: u64, read_before: u64, stop_after: Option<u64>, checkpoint_in: Option<u64>) -> u64 {
+    let mut most = 1024 - read % 1024;
+    if let Some(n) = stop_after {
+        most = most.min((read_before + n).saturating_sub(read));
+    }
+    if let Some(due) = checkpoint_in {
+        most = most.min(due);
+    }
+    most.max(1)
+}
+
 /// When the consumer lag was last logged, and how often it is.
 pub(super) struct LagReport {
     pub(super) every: Duration,
@@ -430,5 +452,29 @@ fn write_savepoint_files(
 pub(super) fn set_state(handle: &ControlHandle, state: &str) {
     if let Ok(mut s) = handle.port.status.lock() {
         s.state = state.to_string();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_length;
+
+    #[test]
+    fn a_run_of_records_ends_where_the_loop_must_look() {
+        // Counted by hand: the next multiple of 1024, then the other bounds.
+        assert_eq!(run_length(0, 0, None, None), 1024);
+        assert_eq!(run_length(1000, 0, None, None), 24);
+        assert_eq!(run_length(1023, 0, None, None), 1);
+        assert_eq!(run_length(2048, 0, None, None), 1024);
+        // `--stop-after 10` from record 5 000: 10 records, then the stop.
+        assert_eq!(run_length(5000, 5000, Some(10), None), 10);
+        assert_eq!(run_length(5007, 5000, Some(10), None), 3);
+        // A checkpoint due in 7 records; one due now still lets a record through (the
+        // loop looks after it).
+        assert_eq!(run_length(100, 0, None, Some(7)), 7);
+        assert_eq!(run_length(100, 0, Some(1000), Some(0)), 1);
+        // The nearest bound wins.
+        assert_eq!(run_length(1020, 1000, Some(30), Some(2)), 2);
+        assert_eq!(run_length(1020, 1000, Some(30), Some(9)), 4);
     }
 }

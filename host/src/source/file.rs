@@ -4,7 +4,7 @@
 //! Each file is mapped into memory ([`super::mapped`]) and split with `memchr`, handing out
 //! borrowed slices, so the cost per record is a scan for the newline; or, when the job's
 //! scanner knows the record's layout, not even that: it scans the record where it lies and
-//! tells where it ends ([`FileSource::next_record_framed`]); standard input, a
+//! tells where it ends ([`FileSource::next_records_framed`]); standard input, a
 //! followed file and a file that cannot be mapped are read in large chunks with `read()`
 //! instead. Blank lines are skipped. Several files are read round-robin, one record from
 //! each in turn, which is deterministic and lets a lagging partition hold the watermark
@@ -18,7 +18,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// The most input ahead of a record offered to [`FileSource::next_record_framed`]'s `take`.
+/// The most input ahead of a record offered to [`FileSource::next_records_framed`]'s `take`.
 const FRAMED_AHEAD: usize = 64 << 10;
 
 /// Read size: small enough that what a read copies is still in the cache when its
@@ -110,31 +110,41 @@ impl FileSource {
     pub fn next_record(&mut self) -> Result<Option<(&[u8], Position)>> {
         // No offer: nothing is done for one (no position made, no look at the input ahead).
         let no_take: Option<Take> = None;
-        match self.next_offered(no_take)? {
+        match self.next_offered(1, no_take)? {
             Framed::Record(record, pos) => Ok(Some((record, pos))),
             Framed::Taken | Framed::End => Ok(None),
         }
     }
 
-    /// The next record, offered first to `take` where it starts: `take` gets the input
+    /// The next records, offered first to `take` where each starts: `take` gets the input
     /// from there on (the rest of the file as far as it is mapped or read, many records)
     /// and the record's position, and may take the record itself when it can tell where
     /// it ends, returning its length; the bytes at that length must be a line break (`\n`
     /// or `\r\n`), and none may come before it (the record is the line the newline search
-    /// would find: [`crate::source::json::Projection::scan_framed`]). Otherwise (None) the record is
-    /// found by its line break and returned, as [`FileSource::next_record`] does.
-    pub fn next_record_framed(
+    /// would find: [`crate::source::json::Projection::scan_framed`]). Otherwise (None) the
+    /// record is found by its line break and returned, as [`FileSource::next_record`] does.
+    ///
+    /// Up to `most` records (at least one) in a row, when there is one file: its records
+    /// are offered one after another while `take` takes them, in one call (a call and its
+    /// checks a record cost about 100 instructions, a tenth of a record's window update).
+    /// The first record it does not take ends the run, found by its line break and
+    /// returned ([`Framed::Record`]), one of the `most`; [`Framed::Taken`]: `take` took
+    /// the records read (at least one). Several files give one record a call, from each in
+    /// turn.
+    pub fn next_records_framed(
         &mut self,
-        take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>,
+        most: u64,
+        take: impl FnMut(&[u8], Position) -> Result<Option<usize>>,
     ) -> Result<Framed<'_>> {
-        self.next_offered(Some(take))
+        self.next_offered(most, Some(take))
     }
 
-    /// [`Self::next_record_framed`], offered to `take` when there is one.
+    /// [`Self::next_records_framed`], offered to `take` when there is one.
     #[inline]
     fn next_offered(
         &mut self,
-        mut take: Option<impl FnOnce(&[u8], Position) -> Result<Option<usize>>>,
+        most: u64,
+        mut take: Option<impl FnMut(&[u8], Position) -> Result<Option<usize>>>,
     ) -> Result<Framed<'_>> {
         let n = self.parts.len();
         for _ in 0..n {
@@ -144,9 +154,14 @@ impl FileSource {
             if self.parts[p].done {
                 continue;
             }
-            if let Some(take) = take.take() {
-                if self.parts[p].take_framed(take)? {
+            let mut taken = 0;
+            if let Some(mut take) = take.take() {
+                let run = if n == 1 { most.max(1) } else { 1 };
+                while taken < run && self.parts[p].take_framed(&mut take)? {
+                    taken += 1;
                     self.records += 1;
+                }
+                if taken == run {
                     return Ok(Framed::Taken);
                 }
             }
@@ -157,6 +172,9 @@ impl FileSource {
             }
             if self.parts[p].done {
                 self.ended.push(p as u32);
+            }
+            if taken > 0 {
+                return Ok(Framed::Taken);
             }
         }
         Ok(Framed::End)
@@ -287,10 +305,13 @@ impl LineReader {
         }
     }
 
-    /// Offer the input ahead to `take` (see [`FileSource::next_record_framed`]); true
+    /// Offer the input ahead to `take` (see [`FileSource::next_records_framed`]); true
     /// when it took a record (then the reader is past it and its line break).
     #[inline]
-    fn take_framed(&mut self, take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>) -> Result<bool> {
+    fn take_framed(
+        &mut self,
+        take: &mut impl FnMut(&[u8], Position) -> Result<Option<usize>>,
+    ) -> Result<bool> {
         // At most this much ahead: a longer record goes the newline search's way (which,
         // in a mapping cut short, stops within a window of the cut instead of reading
         // zeros to the mapping's end).
@@ -516,32 +537,39 @@ mod tests {
         assert_eq!(resumed.records(), 3);
     }
 
-    /// Every record, offered to a projection's framed scan first, as the job reads.
-    fn collect_framed(src: &mut FileSource, stop_after: usize) -> (Vec<(String, Position)>, usize) {
+    /// Every record, offered to a projection's framed scan first, as the job reads: in
+    /// calls of up to `most` records (none past `stop_after`, as the job's loop bounds its
+    /// runs), each checked to give at most that many.
+    fn collect_framed(
+        src: &mut FileSource,
+        stop_after: usize,
+        most: u64,
+    ) -> (Vec<(String, Position)>, usize) {
         let mut p = crate::source::json::Projection::new(&["a", "b"]);
         let (mut out, mut framed) = (Vec::new(), 0);
         while out.len() < stop_after {
-            let mut taken = None;
+            let mut taken = Vec::new();
+            let run = most.min((stop_after - out.len()) as u64);
             let got = src
-                .next_record_framed(|ahead, pos| {
+                .next_records_framed(run, |ahead, pos| {
                     let mut slots = [None; 2];
                     let len = p.scan_framed(ahead, &mut slots);
-                    taken = len.map(|n| (String::from_utf8(ahead[..n].to_vec()).unwrap(), pos));
+                    taken.extend(len.map(|n| (String::from_utf8(ahead[..n].to_vec()).unwrap(), pos)));
                     Ok(len)
                 })
                 .unwrap();
-            match got {
-                Framed::Taken => {
-                    out.extend(taken.take());
-                    framed += 1;
-                }
-                Framed::Record(r, pos) => {
-                    // As the job does with a record found by its line break.
-                    let mut slots = [None; 2];
-                    let _ = p.scan(r, &mut slots);
-                    out.push((String::from_utf8(r.to_vec()).unwrap(), pos));
-                }
-                Framed::End => break,
+            let ended = matches!(got, Framed::End);
+            framed += taken.len();
+            out.append(&mut taken);
+            if let Framed::Record(r, pos) = got {
+                // As the job does with a record found by its line break.
+                let mut slots = [None; 2];
+                let _ = p.scan(r, &mut slots);
+                out.push((String::from_utf8(r.to_vec()).unwrap(), pos));
+            }
+            assert!(out.len() <= stop_after, "a call of at most {run} records gave more");
+            if ended {
+                break;
             }
         }
         (out, framed)
@@ -572,23 +600,29 @@ mod tests {
         let paths = [dir.path().join("one.jsonl"), dir.path().join("two.jsonl")];
         std::fs::write(&paths[0], &one).unwrap();
         std::fs::write(&paths[1], &two).unwrap();
-        for map in [true, false] {
-            let mut lines = FileSource::open_parts(&paths, false, map, None).unwrap();
-            let expected = collect(&mut lines);
-            let mut framed_src = FileSource::open_parts(&paths, false, map, None).unwrap();
-            let (got, framed) = collect_framed(&mut framed_src, usize::MAX);
-            assert_eq!(got, expected, "mapped: {map}");
-            assert!(one.len() > CHUNK && framed > 12_000, "mapped: {map}: {framed} framed");
-            assert_eq!(framed_src.records(), lines.records());
-            assert_eq!(framed_src.position().partitions, lines.position().partitions);
-            assert_eq!(framed_src.take_ended(), lines.take_ended());
+        // Both files (round robin: a record a call), and each alone (runs of records, cut
+        // where the scan declines one: a line break in a string, `\r\n`, blank lines).
+        for (files, min_framed) in [(&paths[..], 12_000), (&paths[..1], 11_990), (&paths[1..], 400)] {
+            for (map, most) in [true, false].into_iter().flat_map(|m| [1, 5, 1024].map(|n| (m, n))) {
+                let case = format!("{} files, mapped: {map}, runs of {most}", files.len());
+                let mut lines = FileSource::open_parts(files, false, map, None).unwrap();
+                let expected = collect(&mut lines);
+                let mut framed_src = FileSource::open_parts(files, false, map, None).unwrap();
+                let (got, framed) = collect_framed(&mut framed_src, usize::MAX, most);
+                assert_eq!(got, expected, "{case}");
+                assert!(one.len() > CHUNK && framed > min_framed, "{case}: {framed} framed");
+                assert_eq!(framed_src.records(), lines.records(), "{case}");
+                assert_eq!(framed_src.position().partitions, lines.position().partitions, "{case}");
+                assert_eq!(framed_src.take_ended(), lines.take_ended(), "{case}");
 
-            // Stopped part-way, the position resumes at the next record.
-            let mut part = FileSource::open_parts(&paths, false, map, None).unwrap();
-            let (head, _) = collect_framed(&mut part, 333);
-            let mut resumed = FileSource::open_parts(&paths, false, map, Some(&part.position())).unwrap();
-            let tail = collect(&mut resumed);
-            assert_eq!([head, tail].concat(), expected, "mapped: {map}");
+                // Stopped part-way, the position resumes at the next record.
+                let mut part = FileSource::open_parts(files, false, map, None).unwrap();
+                let (head, _) = collect_framed(&mut part, 333, most);
+                assert_eq!(part.records(), 333, "{case}");
+                let mut resumed = FileSource::open_parts(files, false, map, Some(&part.position())).unwrap();
+                let tail = collect(&mut resumed);
+                assert_eq!([head, tail].concat(), expected, "{case}");
+            }
         }
     }
 

@@ -381,7 +381,7 @@ impl KafkaSource {
     }
 
     /// [`Self::next_record`], offered first to `take` as a file's line is (see
-    /// [`super::file::FileSource::next_record_framed`]): the message followed by a line
+    /// [`super::file::FileSource::next_records_framed`]): the message followed by a line
     /// break and [`FRAMED_PADDING`] bytes, so that the layout scan reads it the way it
     /// reads a file, without a bounds check a field. A message with a line break of its
     /// own (`\n` or `\r`, which the scan would take for the record's end) goes the other

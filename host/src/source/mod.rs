@@ -22,11 +22,12 @@ pub enum Source {
     Kafka(kafka::KafkaSource),
 }
 
-/// What [`Source::next_record_framed`] did.
+/// What [`Source::next_records_framed`] did.
 pub enum Framed<'a> {
-    /// `take` took the next record.
+    /// `take` took the next records.
     Taken,
-    /// The next record, found by its line break (or a Kafka message).
+    /// The next record, found by its line break (or a Kafka message), after those `take`
+    /// took, if any.
     Record(&'a [u8], Position),
     /// No record now.
     End,
@@ -66,15 +67,17 @@ impl Source {
         }
     }
 
-    /// The next record, offered first to `take` in the input ahead (see
-    /// [`file::FileSource::next_record_framed`] and [`kafka::KafkaSource::next_record_framed`]).
+    /// The next records, up to `most` (at least one), offered first to `take` in the input
+    /// ahead (see [`file::FileSource::next_records_framed`]; a Kafka source gives one
+    /// record a call, [`kafka::KafkaSource::next_record_framed`]).
     #[inline]
-    pub fn next_record_framed(
+    pub fn next_records_framed(
         &mut self,
-        take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>,
+        most: u64,
+        take: impl FnMut(&[u8], Position) -> Result<Option<usize>>,
     ) -> Result<Framed<'_>> {
         match self {
-            Source::File(s) => s.next_record_framed(take),
+            Source::File(s) => s.next_records_framed(most, take),
             Source::Kafka(s) => s.next_record_framed(take),
         }
     }

@@ -380,30 +380,46 @@ impl KafkaSource {
         Ok(())
     }
 
-    /// [`Self::next_record`], offered first to `take` as a file's line is (see
+    /// [`Self::next_record`]s, offered first to `take` as a file's lines are (see
     /// [`super::file::FileSource::next_records_framed`]): the message followed by a line
     /// break and [`FRAMED_PADDING`] bytes, so that the layout scan reads it the way it
     /// reads a file, without a bounds check a field. A message with a line break of its
     /// own (`\n` or `\r`, which the scan would take for the record's end) goes the other
     /// way, whole.
-    pub fn next_record_framed(
+    ///
+    /// Up to `most` records (at least one) in a call, as a file's (the partitions still
+    /// in turn, a record from each): the first one `take` declines ends the run and is
+    /// returned ([`Framed::Record`]); the end of a partition ends it too. [`Framed::Taken`]:
+    /// `take` took every record read.
+    pub fn next_records_framed(
         &mut self,
-        take: impl FnOnce(&[u8], Position) -> Result<Option<usize>>,
+        most: u64,
+        mut take: impl FnMut(&[u8], Position) -> Result<Option<usize>>,
     ) -> Result<Framed<'_>> {
-        let Some((_, pos)) = self.next_record()? else { return Ok(Framed::End) };
-        let len = self.buf.len();
-        if memchr::memchr2(b'\n', b'\r', &self.buf).is_none() {
+        let mut taken = 0;
+        while taken < most.max(1) {
+            let Some((_, pos)) = self.next_record()? else { break };
+            let len = self.buf.len();
+            if memchr::memchr2(b'\n', b'\r', &self.buf).is_some() {
+                return Ok(Framed::Record(&self.buf, pos));
+            }
             self.buf.push(b'\n');
             self.buf.resize(len + 1 + FRAMED_PADDING, 0);
-            let taken = take(&self.buf, pos);
+            let took = take(&self.buf, pos);
             self.buf.truncate(len);
-            if let Some(n) = taken? {
+            match took? {
                 // The scan takes a record up to a line break, and the message has none.
-                debug_assert_eq!(n, len);
-                return Ok(Framed::Taken);
+                Some(n) => debug_assert_eq!(n, len),
+                None => return Ok(Framed::Record(&self.buf, pos)),
+            }
+            taken += 1;
+            // A partition that ended is reported after the record it ended before (it no
+            // longer holds the watermark back from the next one on), as one at a time.
+            if !self.ended.is_empty() {
+                break;
             }
         }
-        Ok(Framed::Record(&self.buf, pos))
+        Ok(if taken > 0 { Framed::Taken } else { Framed::End })
     }
 
     /// The next record of the next partition that has one; `None` when every partition

@@ -68,8 +68,8 @@ impl Source {
     }
 
     /// The next records, up to `most` (at least one), offered first to `take` in the input
-    /// ahead (see [`file::FileSource::next_records_framed`]; a Kafka source gives one
-    /// record a call, [`kafka::KafkaSource::next_record_framed`]).
+    /// ahead (see [`file::FileSource::next_records_framed`] and
+    /// [`kafka::KafkaSource::next_records_framed`]).
     #[inline]
     pub fn next_records_framed(
         &mut self,
@@ -78,7 +78,7 @@ impl Source {
     ) -> Result<Framed<'_>> {
         match self {
             Source::File(s) => s.next_records_framed(most, take),
-            Source::Kafka(s) => s.next_record_framed(take),
+            Source::Kafka(s) => s.next_records_framed(most, take),
         }
     }
 

@@ -215,6 +215,8 @@ struct Scratch {
     /// Per staged group: its canonical group; its index in the call (or `u32::MAX`).
     canon: Vec<u32>,
     call_index: Vec<u32>,
+    /// Per staged group: the index in the call of its canonical group ([`Batch::gather`]).
+    call_of: Vec<u32>,
     /// Staged rows that stay for a later call; new numbers of the groups that stay.
     kept: Vec<usize>,
     renumber: Vec<u32>,
@@ -531,10 +533,14 @@ impl Batch {
     /// group, `u32::MAX`: not in the call) into `order` and `events.group_ends`; stable
     /// (arrival order). The rows of the other groups, which stay, into `s.kept`.
     fn gather(&mut self, s: &mut Scratch, n_call: usize) {
-        let (call_index, canon) = (&s.call_index, &s.canon);
+        // Each staged group's index in the call, looked up once a group (there are several
+        // rows a group), so that a row takes one load, not two.
+        s.call_of.clear();
+        s.call_of.extend(s.canon.iter().map(|&c| s.call_index[c as usize]));
+        let call_of_group = &s.call_of;
         self.counts.clear();
         self.counts.resize(n_call + 1, 0);
-        let call_of = |g: u32| call_index[canon[g as usize] as usize];
+        let call_of = |g: u32| call_of_group[g as usize];
         for &g in &self.row_group {
             if call_of(g) != u32::MAX {
                 self.counts[call_of(g) as usize + 1] += 1;

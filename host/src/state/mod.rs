@@ -422,11 +422,27 @@ pub(crate) fn prefetch<T>(x: &T) {
 /// Items ahead that a loop asks for (see [`prefetch`]).
 pub(crate) const PREFETCH_DISTANCE: usize = 8;
 
-/// Append one key field to an encoded key.
+/// Append one key field to an encoded key: its length and its bytes after one
+/// reservation (this is done for every field of every record).
 #[inline]
 pub fn push_key_field(encoded: &mut Vec<u8>, field: &[u8]) {
-    encoded.extend_from_slice(&(field.len() as u32).to_le_bytes());
-    append(encoded, field);
+    let n = field.len();
+    if n > 32 {
+        encoded.extend_from_slice(&(n as u32).to_le_bytes());
+        encoded.extend_from_slice(field);
+        return;
+    }
+    encoded.reserve(4 + n);
+    let len = encoded.len();
+    // SAFETY: `reserve` made room for `4 + n` bytes after `len`: the length's 4, then the
+    // field's `n` (up to 32, from another buffer: `encoded` is borrowed mutably), which
+    // are then initialized.
+    unsafe {
+        let dst = encoded.as_mut_ptr().add(len);
+        dst.cast::<[u8; 4]>().write_unaligned((n as u32).to_le_bytes());
+        copy_short(field.as_ptr(), dst.add(4), n);
+        encoded.set_len(len + 4 + n);
+    }
 }
 
 /// `v.extend_from_slice(b)`, with slices of up to 32 bytes (the key fields and
@@ -441,13 +457,25 @@ pub(crate) fn append(v: &mut Vec<u8>, b: &[u8]) {
     }
     v.reserve(n);
     let len = v.len();
-    // SAFETY: `reserve` made room for `n` bytes after `len`, and every write below lies in
-    // `len..len + n`; every read lies in `b` (`0..n`): the two words of each case are the
-    // first and the last ones of their size, overlapping when `n` is not twice their size.
-    // Unaligned reads and writes are used throughout, and `v` and `b` cannot overlap (`v`
-    // is borrowed mutably). The `n` bytes are then initialized, so `set_len` is sound.
+    // SAFETY: `reserve` made room for `n` (up to 32) bytes after `len`, and `v` and `b`
+    // cannot overlap (`v` is borrowed mutably); the `n` bytes are then initialized.
     unsafe {
-        let (src, dst) = (b.as_ptr(), v.as_mut_ptr().add(len));
+        copy_short(b.as_ptr(), v.as_mut_ptr().add(len), n);
+        v.set_len(len + n);
+    }
+}
+
+/// Copy `n` (up to 32) bytes from `src` to `dst` by a few word moves: the two words of
+/// each case are the first and the last ones of their size, overlapping when `n` is not
+/// twice their size; unaligned reads and writes throughout.
+///
+/// # Safety
+/// `src` is readable and `dst` writable for `n <= 32` bytes, and they do not overlap.
+#[inline(always)]
+unsafe fn copy_short(src: *const u8, dst: *mut u8, n: usize) {
+    debug_assert!(n <= 32);
+    // SAFETY: the caller's; every read lies in `src[..n]`, every write in `dst[..n]`.
+    unsafe {
         if n >= 16 {
             let (lo, hi) =
                 (src.cast::<u128>().read_unaligned(), src.add(n - 16).cast::<u128>().read_unaligned());
@@ -468,7 +496,6 @@ pub(crate) fn append(v: &mut Vec<u8>, b: &[u8]) {
                 *dst.add(i) = *src.add(i);
             }
         }
-        v.set_len(len + n);
     }
 }
 
@@ -1265,7 +1292,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn append_adds_exactly_the_bytes_given_at_every_length() {
+    fn append_and_push_key_field_add_exactly_the_bytes_given_at_every_length() {
         let source: Vec<u8> = (1..=40).collect();
         for n in 0..=40 {
             for start in 0..3 {
@@ -1276,6 +1303,14 @@ mod tests {
                 let mut want = vec![0xee; start];
                 want.extend_from_slice(b);
                 assert_eq!(v, want, "{n} bytes after {start}");
+                // A key field: its length (4 bytes, little-endian), then its bytes.
+                let mut k: Vec<u8> = vec![0xee; start];
+                k.shrink_to_fit();
+                push_key_field(&mut k, b);
+                let mut want = vec![0xee; start];
+                want.extend_from_slice(&[n as u8, 0, 0, 0]);
+                want.extend_from_slice(b);
+                assert_eq!(k, want, "a key field of {n} bytes after {start}");
             }
         }
     }

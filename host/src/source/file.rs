@@ -125,8 +125,8 @@ impl FileSource {
     /// record is found by its line break and returned, as [`FileSource::next_record`] does.
     ///
     /// Up to `most` records (at least one) in a row, when there is one file: its records
-    /// are offered one after another while `take` takes them, in one call (a call and its
-    /// checks a record cost about 100 instructions, a tenth of a record's window update).
+    /// are offered one after another while `take` takes them, in one call (a call and the
+    /// job loop's checks for each record cost about 100 instructions of its ~2 400).
     /// The first record it does not take ends the run, found by its line break and
     /// returned ([`Framed::Record`]), one of the `most`; [`Framed::Taken`]: `take` took
     /// the records read (at least one). Several files give one record a call, from each in

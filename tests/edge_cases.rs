@@ -395,3 +395,46 @@ fn a_record_one_aggregation_cannot_take_still_reaches_the_others() {
     assert_eq!(view[&format!("sin_senal|{t0}|r1")]["posiciones"], 2, "{view:?}");
     assert_eq!(s.counters.dead_lettered, 1);
 }
+
+#[test]
+fn a_job_that_reads_many_fields_filters_and_aggregates_as_one_that_reads_few() {
+    // A record's fields go in slots: 8 for most jobs, more for a job that reads more.
+    // Seven filter fields make the wide job read 11 (time, 7 filters, 2 key fields, the
+    // plugin's); the narrow job reads 5 of the same records, without the records the
+    // wide job's filters drop. Both must write the same results and late events.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = km0::generate::StockStream { events: 20_000, seed: 7, ..Default::default() };
+    let mut generated = Vec::new();
+    km0::generate::stock_stream(&spec, &mut generated).unwrap();
+    let (mut wide, mut narrow) = (Vec::new(), Vec::new());
+    for (i, line) in String::from_utf8(generated).unwrap().lines().enumerate() {
+        let Some(body) = line.strip_suffix('}') else { continue };
+        // Every 10th record fails one of the extra filters (a different one each time).
+        let bad = (i % 10 == 3).then_some(1 + i / 10 % 6);
+        let extra: String =
+            (1..=6).map(|f| format!(", \"x{f}\": \"{}\"", if bad == Some(f) { "b" } else { "a" })).collect();
+        wide.push(format!("{body}{extra}}}"));
+        if bad.is_none() {
+            narrow.push(line.to_string());
+        }
+    }
+    let outputs = |lines: &[String], filters: &str| {
+        let sub = tempfile::tempdir_in(dir.path()).unwrap();
+        write_lines(&sub.path().join("in.jsonl"), lines);
+        let path = StockJob::new("2m", 10).write(sub.path());
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("tipo = \"stock.actualizado\"", &format!("tipo = \"stock.actualizado\"\n{filters}"));
+        std::fs::write(&path, text).unwrap();
+        let s = run(&Pipeline::load(&path).unwrap(), RunOptions::default());
+        let read = |f: &str| std::fs::read_to_string(sub.path().join("out").join(f)).unwrap();
+        (read("alertas.jsonl"), read("late.jsonl"), s.counters.filtered)
+    };
+    let filters: String = (1..=6).map(|f| format!("x{f} = \"a\"\n")).collect();
+    let (wide_out, wide_late, wide_filtered) = outputs(&wide, &filters);
+    let (narrow_out, narrow_late, narrow_filtered) = outputs(&narrow, "");
+    assert!(wide_out.lines().count() > 50, "{} results", wide_out.lines().count());
+    assert_eq!(wide_out, narrow_out);
+    assert_eq!(wide_late, narrow_late);
+    assert_eq!(wide_filtered, narrow_filtered + (wide.len() - narrow.len()) as u64);
+}

@@ -6,6 +6,10 @@ use super::runner::{report_lag, LagReport};
 use super::*;
 use crate::checkpoint::components::Component;
 use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
+
+/// Fields most jobs read (time, filter, key, plugin fields): a record's slots are this
+/// many, or [`MAX_FIELDS`] for a job that reads more.
+const FEW_FIELDS: usize = 8;
 use crate::source::json::Scalar;
 use crate::window::aggregator::Aggregator;
 
@@ -250,8 +254,17 @@ impl Job {
     /// when it must be found by its line break and go through [`Job::on_record`].
     #[inline]
     pub(super) fn on_record_framed(&mut self, ahead: &[u8], pos: Position) -> Result<Option<usize>> {
-        let mut slots = [None; MAX_FIELDS];
-        let slots = &mut slots[..self.decoder.projection.len()];
+        let n = self.decoder.projection.len();
+        // The slots start empty: 8 for most jobs (each a store a record), all only for a
+        // job that reads more fields.
+        let (mut few, mut all);
+        let slots = if n <= FEW_FIELDS {
+            few = [None; FEW_FIELDS];
+            &mut few[..n]
+        } else {
+            all = [None; MAX_FIELDS];
+            &mut all[..n]
+        };
         let Some(len) = self.decoder.projection.scan_framed(ahead, slots) else { return Ok(None) };
         self.read += 1;
         self.on_scanned(&ahead[..len], pos, slots)?;
@@ -269,8 +282,15 @@ impl Job {
     #[inline]
     pub(super) fn on_record(&mut self, record: &[u8], pos: Position) -> Result<()> {
         self.read += 1;
-        let mut slots = [None; MAX_FIELDS];
-        let slots = &mut slots[..self.decoder.projection.len()];
+        let n = self.decoder.projection.len();
+        let (mut few, mut all);
+        let slots = if n <= FEW_FIELDS {
+            few = [None; FEW_FIELDS];
+            &mut few[..n]
+        } else {
+            all = [None; MAX_FIELDS];
+            &mut all[..n]
+        };
         if let Err(e) = self.decoder.projection.scan(record, slots) {
             self.dead_letter(&format!("not a valid JSON object: {e}"), record, pos)?;
             if !self.by_field {

@@ -157,10 +157,10 @@ impl FileSource {
             let mut taken = 0;
             if let Some(mut take) = take.take() {
                 let run = if n == 1 { most.max(1) } else { 1 };
-                while taken < run && self.parts[p].take_framed(&mut take)? {
-                    taken += 1;
-                    self.records += 1;
-                }
+                let done = self.parts[p].take_run(run, &mut take, &mut taken);
+                // Counted even when a record fails the run.
+                self.records += taken;
+                done?;
                 if taken == run {
                     return Ok(Framed::Taken);
                 }
@@ -305,52 +305,57 @@ impl LineReader {
         }
     }
 
-    /// Offer the input ahead to `take` (see [`FileSource::next_records_framed`]); true
-    /// when it took a record (then the reader is past it and its line break).
+    /// Offer the input ahead to `take` (see [`FileSource::next_records_framed`]), record
+    /// after record while it takes them, up to `run` records; `taken` counts those it
+    /// took (the reader is then past each and its line break).
     #[inline]
-    fn take_framed(
+    fn take_run(
         &mut self,
+        run: u64,
         take: &mut impl FnMut(&[u8], Position) -> Result<Option<usize>>,
-    ) -> Result<bool> {
-        // At most this much ahead: a longer record goes the newline search's way (which,
-        // in a mapping cut short, stops within a window of the cut instead of reading
-        // zeros to the mapping's end).
-        let (s, end) = (self.start, self.end.min(self.start.saturating_add(FRAMED_AHEAD)));
-        if s >= end {
-            return Ok(false);
+        taken: &mut u64,
+    ) -> Result<()> {
+        // A mapping cut short is looked for before the run, and after each record, as
+        // after a newline search (`take` read every byte of the record and the line break
+        // after it): the look after one record is the look before the next.
+        if self.map.as_ref().is_some_and(Mapped::shrank) {
+            return Err(self.shrank());
         }
-        if let Some(m) = &self.map {
-            if m.shrank() {
+        while *taken < run {
+            // At most this much ahead: a longer record goes the newline search's way
+            // (which, in a mapping cut short, stops within a window of the cut instead of
+            // reading zeros to the mapping's end).
+            let (s, end) = (self.start, self.end.min(self.start.saturating_add(FRAMED_AHEAD)));
+            if s >= end {
+                return Ok(());
+            }
+            if let Some(m) = &self.map {
+                m.prefetch_ahead(s);
+            }
+            let pos = Position { partition: self.partition, line: self.lines + 1, offset: self.offset };
+            let Some(len) = take(&self.bytes()[s..end], pos)? else { return Ok(()) };
+            if self.map.as_ref().is_some_and(Mapped::shrank) {
                 return Err(self.shrank());
             }
-            m.prefetch_ahead(s);
-        }
-        let pos = Position { partition: self.partition, line: self.lines + 1, offset: self.offset };
-        let Some(len) = take(&self.bytes()[s..end], pos)? else { return Ok(false) };
-        if let Some(m) = &self.map {
-            // As after a newline search: `take` read every byte of the record, and the
-            // line break after it.
-            if m.shrank() {
-                return Err(self.shrank());
+            let line_break = match self.bytes()[..end].get(s + len..) {
+                Some([b'\n', ..]) => 1,
+                Some([b'\r', b'\n', ..]) => 2,
+                _ => {
+                    let what =
+                        format!("the record taken at byte {} does not end before a line break", self.offset);
+                    return Err(Error::io("read input", &self.path, std::io::Error::other(what)));
+                }
+            };
+            self.start = s + len + line_break;
+            self.offset += (len + line_break) as u64;
+            self.lines += 1;
+            if let Some(m) = &mut self.map {
+                m.release_before(s);
             }
+            self.records += 1;
+            *taken += 1;
         }
-        let line_break = match self.bytes()[..end].get(s + len..) {
-            Some([b'\n', ..]) => 1,
-            Some([b'\r', b'\n', ..]) => 2,
-            _ => {
-                let what =
-                    format!("the record taken at byte {} does not end before a line break", self.offset);
-                return Err(Error::io("read input", &self.path, std::io::Error::other(what)));
-            }
-        };
-        self.start = s + len + line_break;
-        self.offset += (len + line_break) as u64;
-        self.lines += 1;
-        if let Some(m) = &mut self.map {
-            m.release_before(s);
-        }
-        self.records += 1;
-        Ok(true)
+        Ok(())
     }
 
     fn next_line(&mut self) -> Result<Option<(usize, usize, Position)>> {

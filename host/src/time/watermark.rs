@@ -131,23 +131,33 @@ impl Watermarks {
         self.records += 1;
         let part = &mut self.partitions[p];
         part.last_record = self.records;
-        let now = self.idleness.timeout.map(|_| Instant::now());
-        if now.is_some() {
-            part.last_seen = now;
-        }
         if part.idle {
             part.idle = false;
             self.recompute();
         }
-        // Record-count idleness is exact (deterministic replays); processing-time
-        // idleness is looked at every [`IDLE_CHECK_MAX`] at most.
+        // Without idleness rules that can apply (most jobs), nothing more a record.
+        if self.idleness.timeout.is_some()
+            || (self.idleness.after_records.is_some() && self.partitions.len() > 1)
+        {
+            self.watch_idleness(p);
+        }
+        self.current
+    }
+
+    /// The idleness rules after a record of partition `p`: record-count idleness is exact
+    /// (deterministic replays); processing-time idleness is looked at every
+    /// [`IDLE_CHECK_MAX`] at most.
+    fn watch_idleness(&mut self, p: usize) {
+        let now = self.idleness.timeout.map(|_| Instant::now());
+        if now.is_some() {
+            self.partitions[p].last_seen = now;
+        }
         let by_records = self.idleness.after_records.is_some() && self.partitions.len() > 1;
         let by_time = matches!((now, self.next_idle_check), (Some(n), Some(next)) if n >= next)
             || (now.is_some() && self.next_idle_check.is_none());
         if by_records || by_time {
             self.check_idle();
         }
-        self.current
     }
 
     /// Processing time passes with no record (the source has nothing): look at

@@ -10,6 +10,22 @@ use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
 /// Fields most jobs read (time, filter, key, plugin fields): a record's slots are this
 /// many, or [`MAX_FIELDS`] for a job that reads more.
 const FEW_FIELDS: usize = 8;
+
+/// A record's `n` field slots, empty, in the caller's `few` or `all` (declared, not yet
+/// set): [`FEW_FIELDS`] of them for most jobs (each is a store a record), all only for
+/// a job that reads more fields. A macro: the slots are the caller's locals.
+macro_rules! field_slots {
+    ($n:expr, $few:ident, $all:ident) => {{
+        let n = $n;
+        if n <= FEW_FIELDS {
+            $few = [None; FEW_FIELDS];
+            &mut $few[..n]
+        } else {
+            $all = [None; MAX_FIELDS];
+            &mut $all[..n]
+        }
+    }};
+}
 use crate::source::json::Scalar;
 use crate::window::aggregator::Aggregator;
 
@@ -254,17 +270,8 @@ impl Job {
     /// when it must be found by its line break and go through [`Job::on_record`].
     #[inline]
     pub(super) fn on_record_framed(&mut self, ahead: &[u8], pos: Position) -> Result<Option<usize>> {
-        let n = self.decoder.projection.len();
-        // The slots start empty: 8 for most jobs (each a store a record), all only for a
-        // job that reads more fields.
         let (mut few, mut all);
-        let slots = if n <= FEW_FIELDS {
-            few = [None; FEW_FIELDS];
-            &mut few[..n]
-        } else {
-            all = [None; MAX_FIELDS];
-            &mut all[..n]
-        };
+        let slots = field_slots!(self.decoder.projection.len(), few, all);
         let Some(len) = self.decoder.projection.scan_framed(ahead, slots) else { return Ok(None) };
         self.read += 1;
         self.on_scanned(&ahead[..len], pos, slots)?;
@@ -282,15 +289,8 @@ impl Job {
     #[inline]
     pub(super) fn on_record(&mut self, record: &[u8], pos: Position) -> Result<()> {
         self.read += 1;
-        let n = self.decoder.projection.len();
         let (mut few, mut all);
-        let slots = if n <= FEW_FIELDS {
-            few = [None; FEW_FIELDS];
-            &mut few[..n]
-        } else {
-            all = [None; MAX_FIELDS];
-            &mut all[..n]
-        };
+        let slots = field_slots!(self.decoder.projection.len(), few, all);
         if let Err(e) = self.decoder.projection.scan(record, slots) {
             self.dead_letter(&format!("not a valid JSON object: {e}"), record, pos)?;
             if !self.by_field {

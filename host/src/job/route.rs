@@ -6,6 +6,8 @@ use super::runner::{report_lag, LagReport};
 use super::*;
 use crate::checkpoint::components::Component;
 use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
+use crate::source::json::Scalar;
+use crate::window::aggregator::Aggregator;
 
 /// Fields most jobs read (time, filter, key, plugin fields): a record's slots are this
 /// many, or [`MAX_FIELDS`] for a job that reads more.
@@ -26,8 +28,6 @@ macro_rules! field_slots {
         }
     }};
 }
-use crate::source::json::Scalar;
-use crate::window::aggregator::Aggregator;
 
 /// The job's loop state.
 pub(super) struct Job {

@@ -32,6 +32,9 @@ pub struct FileSource {
     next: usize,
     /// Partitions whose input has ended and that were not reported yet.
     ended: Vec<u32>,
+    /// A file that ended right after a run of records: reported with the next call's
+    /// `End` ([`FileSource::next_records_framed`]).
+    ended_after_run: Vec<u32>,
     /// Records handed out, over all partitions (the sum of theirs, kept: it is asked
     /// after every record).
     records: u64,
@@ -83,7 +86,7 @@ impl FileSource {
         }
         let next = resume.map_or(0, |r| r.next as usize % parts.len().max(1));
         let records = parts.iter().map(|p| p.records).sum();
-        Ok(FileSource { parts, next, ended: Vec::new(), records })
+        Ok(FileSource { parts, next, ended: Vec::new(), ended_after_run: Vec::new(), records })
     }
 
     /// Records handed out so far, over all partitions (including before a resume).
@@ -146,6 +149,10 @@ impl FileSource {
         most: u64,
         mut take: Option<impl FnMut(&[u8], Position) -> Result<Option<usize>>>,
     ) -> Result<Framed<'_>> {
+        if !self.ended_after_run.is_empty() {
+            self.ended.append(&mut self.ended_after_run);
+            return Ok(Framed::End);
+        }
         let n = self.parts.len();
         for _ in 0..n {
             let p = self.next;
@@ -170,11 +177,17 @@ impl FileSource {
                 let part = &self.parts[p];
                 return Ok(Framed::Record(&part.bytes()[part.rec.0..part.rec.1], part.rec_pos));
             }
+            if taken > 0 {
+                // The input read ends after the records taken: they come first, and the
+                // end (the file's, when it ended) is the next call's `End`, as when they
+                // came one a call.
+                if self.parts[p].done {
+                    self.ended_after_run.push(p as u32);
+                }
+                return Ok(Framed::Taken);
+            }
             if self.parts[p].done {
                 self.ended.push(p as u32);
-            }
-            if taken > 0 {
-                return Ok(Framed::Taken);
             }
         }
         Ok(Framed::End)
@@ -573,6 +586,9 @@ mod tests {
                 out.push((String::from_utf8(r.to_vec()).unwrap(), pos));
             }
             assert!(out.len() <= stop_after, "a call of at most {run} records gave more");
+            // One file's end comes with the call that returns `End` (the job's loop stops
+            // there on a bounded input), not with the records before it.
+            assert!(ended || src.parts.len() > 1 || src.ended.is_empty(), "an end reported with records");
             if ended {
                 break;
             }

@@ -168,6 +168,9 @@ pub struct KafkaSource {
     parts: Vec<Part>,
     next: usize,
     ended: Vec<u32>,
+    /// Partitions that ended when a run of records found every partition at its end:
+    /// reported with the next call's `End` ([`Self::next_records_framed`]).
+    ended_after_run: Vec<u32>,
     buf: Vec<u8>,
     brokers: String,
     last_service: Instant,
@@ -319,6 +322,7 @@ impl KafkaSource {
             parts,
             next,
             ended: Vec::new(),
+            ended_after_run: Vec::new(),
             buf: Vec::with_capacity(1024),
             brokers,
             last_service: Instant::now(),
@@ -396,9 +400,23 @@ impl KafkaSource {
         most: u64,
         mut take: impl FnMut(&[u8], Position) -> Result<Option<usize>>,
     ) -> Result<Framed<'_>> {
+        // The partitions that ended with the input read at the end of the last run: this
+        // call is the `End` they came with, as when records came one a call.
+        if !self.ended_after_run.is_empty() {
+            self.ended.append(&mut self.ended_after_run);
+            return Ok(Framed::End);
+        }
         let mut taken = 0;
         while taken < most.max(1) {
-            let Some((_, pos)) = self.next_record()? else { break };
+            let ended_before = self.ended.len();
+            let Some((_, pos)) = self.next_record()? else {
+                if taken > 0 {
+                    // Every partition is at its end for now: the records taken come first,
+                    // and the partitions that ended just now are the next call's.
+                    self.ended_after_run.extend(self.ended.drain(ended_before..));
+                }
+                break;
+            };
             let len = self.buf.len();
             if memchr::memchr2(b'\n', b'\r', &self.buf).is_some() {
                 return Ok(Framed::Record(&self.buf, pos));

@@ -124,6 +124,22 @@ fn a_word_scan_finds_every_byte_that_is_escaped_at_every_place() {
 }
 
 #[test]
+fn a_word_scan_finds_every_byte_that_is_not_ascii_at_every_place() {
+    // ASCII is the bytes below 0x80 (the standard library's `is_ascii` is the reference).
+    for len in 0..=40usize {
+        for at in 0..len {
+            for c in 0..=255u8 {
+                let mut b = vec![b'a'; len];
+                b[at] = c;
+                assert_eq!(sdk_json::is_ascii(&b), b.is_ascii(), "{c:#x} at {at} of {len}");
+            }
+        }
+        assert!(sdk_json::is_ascii(&vec![0x7f; len]));
+        assert_eq!(sdk_json::is_ascii(&vec![0x80; len]), len == 0);
+    }
+}
+
+#[test]
 fn strings_with_every_escape_at_every_place_are_written_as_serde_json_writes_them() {
     // Independent of the writer: serde_json's text for each string is the reference.
     let mut all: String = (0u8..0x80).map(char::from).collect();

@@ -265,6 +265,36 @@ fn a_plugin_without_panes_has_its_sliding_windows_merged_pairwise_to_the_same_re
 }
 
 #[test]
+fn plugins_that_return_records_as_a_list_give_the_results_of_those_that_return_one_buffer() {
+    // distance and session-gap as km0 built them against contract 0.4.0, fixtures: their
+    // records come back as a `list<emitted>`, a string each; today's come back in one
+    // buffer (`packed-records`), from `panes`, `fire` and `finish` (sessions, and windows
+    // that late events fire again). Both match the model, and their results are the same
+    // bytes.
+    let runtime = PluginRuntime::new().unwrap();
+    // (plugin, window, its kind, allowed lateness, fewest results: counted in a run)
+    let sliding = format!("{SLIDING}\nallowed_lateness = \"2m\"");
+    let session = format!("{SESSION}\nallowed_lateness = \"5m\"");
+    for (name, window, kind, lateness, least) in [
+        ("distance", sliding, Kind::Sliding(300_000, 60_000), 120_000, 1000),
+        ("session-gap", session, Kind::Session(180_000), 300_000, 50),
+    ] {
+        let fixture = repo().join(format!("host/tests/fixtures/{name}-contract-0.4.0.wasm"));
+        let (old, _) = runtime.inspect(&fixture).unwrap();
+        let (new, _) = runtime.inspect(&plugin(name)).unwrap();
+        assert_eq!((old.contract.as_str(), new.contract.as_str()), ("0.4.0", km0::plugin::CONTRACT_VERSION));
+        let mut results = Vec::new();
+        for wasm in [fixture, plugin(name)] {
+            let case = three_files(40, 90);
+            check_component_against_model(&case, &window, kind, &wasm, name, lateness);
+            results.push(std::fs::read_to_string(case.out("panel.jsonl")).unwrap());
+        }
+        assert!(results[0].lines().count() > least, "{name}: {} results", results[0].lines().count());
+        assert_eq!(results[0], results[1], "{name}");
+    }
+}
+
+#[test]
 fn sliding_with_allowed_lateness_matches_the_model() {
     let window = format!("{SLIDING}\nallowed_lateness = \"2m\"");
     check_against_model(three_files(40, 90), &window, Kind::Sliding(300_000, 60_000), "distance", 120_000);

@@ -41,7 +41,7 @@ fn scaffold_builds_and_passes_its_test(lang: &str) {
     let info = text(&o);
     assert!(info.contains(&format!("name:          {name}\n")), "{info}");
     assert!(
-        info.contains("state schema:  1\n") && info.contains("contract:      km0:plugin@0.4.0"),
+        info.contains("state schema:  1\n") && info.contains("contract:      km0:plugin@0.5.0"),
         "{info}"
     );
     assert!(info.contains("field:         value (int)"), "{info}");

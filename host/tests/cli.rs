@@ -91,7 +91,7 @@ fn plugin_inspect_describes_a_component() {
     for want in [
         "name:          distance",
         "state schema:  1",
-        "km0:plugin@0.4.0 (world firing-aggregate-plugin)",
+        "km0:plugin@0.5.0 (world firing-aggregate-plugin)",
         "key fields:    1",
         "ordered input: true",
         "field:         lat",

@@ -9,11 +9,19 @@ use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 
 /// The writer's text for `v` is serde_json's; `taken`: it writes `v` itself (no give-up).
+/// Appended after another record's text, which stays as it was, as when it gives up.
 fn same<T: Serialize + ?Sized>(v: &T, taken: bool) {
     let want = serde_json::to_string(v).expect("serde_json writes it");
-    match sdk_json::to_string(v) {
-        Some(got) => assert_eq!(got, want, "for {want}"),
-        None => assert!(!taken, "gave up on {want}"),
+    let before = b"{\"earlier\":1}";
+    let mut out = before.to_vec();
+    let written = sdk_json::write(&mut out, v);
+    assert_eq!(&out[..before.len()], before);
+    match written {
+        true => assert_eq!(std::str::from_utf8(&out[before.len()..]).unwrap(), want, "for {want}"),
+        false => {
+            assert!(!taken, "gave up on {want}");
+            assert_eq!(out.len(), before.len(), "a give-up left bytes behind for {want}");
+        }
     }
 }
 
@@ -189,8 +197,11 @@ fn numbers_and_other_values_are_written_as_serde_json_writes_them() {
     same(&HashMap::from([(7u8, vec![Kind::Other(1)])]), true);
     // Left to serde_json: float keys.
     same(&FloatKeys, false);
-    // A value whose serialization fails: no text (serde_json fails on it too).
-    assert!(sdk_json::to_string(&Failing).is_none());
+    // A value whose serialization fails: no text, and what was written of it is taken
+    // back (serde_json fails on it too).
+    let mut out = b"{}".to_vec();
+    assert!(!sdk_json::write(&mut out, &Failing));
+    assert_eq!(out, b"{}");
     assert!(serde_json::to_string(&Failing).is_err());
 }
 

@@ -24,10 +24,21 @@ use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store, Trap};
 
-pub use contract::v0_4::km0::plugin::types::{
+pub use contract::v0_5::km0::plugin::types::{
     Column, Emitted, Events, Field, FieldType, Groups, Packed, PluginInfo,
 };
-use contract::{Instance, Pre};
+use contract::{Instance, Optional, Pre};
+
+/// The records a call returned: as a `list<emitted>`, or in one buffer (a plugin that
+/// exports `packed-records`).
+pub enum Records {
+    Listed(Vec<Emitted>),
+    /// Record `i` is item `i` of `values`, for group `groups[i]` (checked by the host).
+    Packed {
+        groups: Vec<u32>,
+        values: Packed,
+    },
+}
 
 /// The contract version of `wit/aggregate.wit`; [`contract::SUPPORTED`] lists every
 /// version this host runs plugins of.
@@ -229,19 +240,29 @@ impl PluginRuntime {
     }
 
     /// The world a component implements: `firing-aggregate-plugin` when it exports its
-    /// contract's optional interfaces (0.3.0: `fire`; 0.4.0: `fire` and `panes`), else
-    /// `aggregate-plugin`, with the optional interface it exports named after it.
-    pub fn world(&self, path: &Path) -> Result<&'static str> {
+    /// contract's optional interfaces (0.3.0: `fire`; 0.4.0: `fire` and `panes`; 0.5.0:
+    /// those and `packed-records`), else `aggregate-plugin`, with the optional interfaces
+    /// it exports named after it.
+    pub fn world(&self, path: &Path) -> Result<String> {
         let bytes = std::fs::read(path).map_err(|e| Error::io("read plugin", path, e))?;
         let p = self.instantiate(&path.display().to_string(), &bytes, Limits::default())?;
-        let v0_3 = p.identity.contract == "0.3.0";
-        Ok(match (p.fires(), p.merges_panes()) {
-            (true, true) => "firing-aggregate-plugin",
-            (true, false) if v0_3 => "firing-aggregate-plugin",
-            (true, false) => "aggregate-plugin + fire",
-            (false, true) => "aggregate-plugin + panes",
-            (false, false) => "aggregate-plugin",
-        })
+        let exported = [
+            (p.fires(), "fire"),
+            (p.merges_panes(), "panes"),
+            (p.instance.packs_records(), "packed-records"),
+        ];
+        let optional: &[&str] = match p.identity.contract.as_str() {
+            "0.1.0" | "0.2.0" => &[],
+            "0.3.0" => &["fire"],
+            "0.4.0" => &["fire", "panes"],
+            _ => &["fire", "panes", "packed-records"],
+        };
+        let has = |name: &str| exported.iter().any(|&(on, n)| on && n == name);
+        if !optional.is_empty() && optional.iter().all(|n| has(n)) {
+            return Ok("firing-aggregate-plugin".into());
+        }
+        let named: Vec<&str> = exported.iter().filter(|(on, _)| *on).map(|&(_, n)| n).collect();
+        Ok(std::iter::once("aggregate-plugin").chain(named).collect::<Vec<_>>().join(" + "))
     }
 
     /// [`PluginRuntime::inspect`] of a component's bytes.
@@ -295,8 +316,12 @@ impl PluginRuntime {
         let pre = self.linker.instantiate_pre(&component).map_err(contract)?;
         let exported = exports(&self.engine, &component);
         let exports_one = |name: &str| exported.iter().any(|n| n.starts_with(name));
-        let (fires, merges) = (exports_one("km0:plugin/fire@"), exports_one("km0:plugin/panes@"));
-        let pre = Pre::new(&version, pre, fires, merges).map_err(contract)?;
+        let optional = Optional {
+            fires: exports_one("km0:plugin/fire@"),
+            merges: exports_one("km0:plugin/panes@"),
+            packs: exports_one("km0:plugin/packed-records@"),
+        };
+        let pre = Pre::new(&version, pre, optional).map_err(contract)?;
         let running = self.ticker.running();
         let instance = pre.instantiate(&mut store).map_err(contract)?;
         let info = instance.info(&mut store).map_err(|e| fail(format!("info trapped: {e:#}")))?;
@@ -506,13 +531,19 @@ impl Plugin {
         self.check_emitted("merge-and-finish", out, groups)
     }
 
-    /// Records that name a group of the call.
-    fn check_emitted(
-        &mut self,
-        call: &'static str,
-        out: Vec<Emitted>,
-        groups: &Groups,
-    ) -> Result<Vec<Emitted>> {
+    /// Records that name a group of the call (in one buffer: its items, each UTF-8, one
+    /// a group).
+    fn check_emitted(&mut self, call: &'static str, out: Records, groups: &Groups) -> Result<Vec<Emitted>> {
+        let out = match out {
+            Records::Listed(out) => out,
+            Records::Packed { groups, values } => match unpack_records(&groups, &values) {
+                Ok(out) => out,
+                Err(message) => {
+                    self.calls.malformed += 1;
+                    return Err(self.call_error(call, message));
+                }
+            },
+        };
         let n = groups.window_start.len();
         if let Some(bad) = out.iter().find(|e| e.group as usize >= n) {
             self.calls.malformed += 1;
@@ -547,6 +578,26 @@ impl Plugin {
     }
 }
 
+/// The records of `packed-records` as those of a `list<emitted>`: record `i` is item `i` of
+/// `values`, for group `groups[i]`; an error says what is malformed.
+fn unpack_records(groups: &[u32], values: &Packed) -> std::result::Result<Vec<Emitted>, String> {
+    if groups.len() != values.ends.len() {
+        return Err(format!("returned {} records with {} groups", values.ends.len(), groups.len()));
+    }
+    let mut out = Vec::with_capacity(groups.len());
+    let mut start = 0usize;
+    for (&group, &end) in groups.iter().zip(&values.ends) {
+        let Some(bytes) = values.bytes.get(start..end as usize) else {
+            return Err("returned malformed packed records".into());
+        };
+        let value = std::str::from_utf8(bytes)
+            .map_err(|_| format!("returned record {} that is not UTF-8", out.len()))?;
+        out.push(Emitted { group, value: value.to_string() });
+        start = end as usize;
+    }
+    Ok(out)
+}
+
 /// Item `i` of a packed buffer (the caller checked the ends).
 #[inline]
 pub fn packed_item(p: &Packed, i: usize) -> &[u8] {
@@ -573,6 +624,24 @@ pub fn empty_packed() -> Packed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_in_one_buffer_are_those_of_a_list_and_malformed_ones_are_named() {
+        let packed = |bytes: &[u8], ends: &[u32]| Packed { bytes: bytes.to_vec(), ends: ends.to_vec() };
+        // Counted by hand: "{}" for group 2, "" for group 0, {"a":"ñ"} for group 2.
+        let values = packed("{}{\"a\":\"ñ\"}".as_bytes(), &[2, 2, 12]);
+        let got = unpack_records(&[2, 0, 2], &values).unwrap();
+        let got: Vec<(u32, &str)> = got.iter().map(|e| (e.group, e.value.as_str())).collect();
+        assert_eq!(got, [(2, "{}"), (0, ""), (2, "{\"a\":\"ñ\"}")]);
+        assert!(unpack_records(&[], &packed(b"", &[])).unwrap().is_empty());
+        let err = |groups: &[u32], values: &Packed| unpack_records(groups, values).unwrap_err();
+        assert_eq!(err(&[0], &values), "returned 3 records with 1 groups");
+        assert_eq!(err(&[0, 0], &packed(b"{}", &[2, 1])), "returned malformed packed records");
+        assert_eq!(err(&[0], &packed(b"{}", &[3])), "returned malformed packed records");
+        // The ñ cut in two: the first record ends inside it.
+        let cut = packed("{\"a\":\"ñ\"}".as_bytes(), &[7, 10]);
+        assert_eq!(err(&[0, 0], &cut), "returned record 0 that is not UTF-8");
+    }
 
     #[test]
     fn the_epoch_ticks_while_a_guest_runs_and_not_otherwise() {

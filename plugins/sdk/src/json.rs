@@ -11,7 +11,7 @@
 //! ~8.7%; one reservation a string took an alert from ~3 000 to ~2 500 instructions
 //! inside WebAssembly (1 665 to 1 530 natively).
 //!
-//! [`to_string`] gives up (None) on the little it does not write itself (floats as map
+//! [`write`] gives up (false) on the little it does not write itself (floats as map
 //! keys, serde_json's own `RawValue` and arbitrary-precision numbers, a failing
 //! `Serialize`): the caller then asks serde_json, which writes those or says why not (the
 //! value is then serialized twice).
@@ -19,13 +19,19 @@
 use serde::ser::{self, Serialize};
 use std::fmt;
 
-/// The JSON text of `value`, or None when serde_json must write it.
-pub fn to_string<T: Serialize + ?Sized>(value: &T) -> Option<String> {
-    let mut w = Writer { out: Vec::with_capacity(256) };
-    value.serialize(&mut w).ok()?;
-    // SAFETY: the writer writes ASCII and whole `str`s only (a string is copied between
-    // the escapes it needs, which cut it at ASCII bytes): the bytes are UTF-8.
-    Some(unsafe { String::from_utf8_unchecked(w.out) })
+/// Append the JSON text of `value` to `out`: true, or false with `out` as it was when
+/// serde_json must write it. The writer writes ASCII and whole `str`s only (a string is
+/// copied between the escapes it needs, which cut it at ASCII bytes): what it appends is
+/// UTF-8.
+pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> bool {
+    let start = out.len();
+    let mut w = Writer { out: std::mem::take(out) };
+    let written = value.serialize(&mut w).is_ok();
+    *out = w.out;
+    if !written {
+        out.truncate(start);
+    }
+    written
 }
 
 struct Writer {

@@ -47,7 +47,7 @@ use bindings::km0::plugin::types as wit;
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the WIT contract this SDK implements.
-pub const CONTRACT_VERSION: &str = "0.4.0";
+pub const CONTRACT_VERSION: &str = "0.5.0";
 
 /// Type of a field the plugin reads from every event.
 #[derive(Clone, Copy, Debug)]
@@ -256,26 +256,40 @@ impl<'a> Events<'a> {
     }
 }
 
-/// Where `finish` writes its records.
+/// Where `finish` writes its records: their texts back to back in one buffer, each
+/// record's group beside it (the contract's `packed-records`; one allocation a call, not
+/// one a record).
 pub struct Output {
     group: u32,
-    records: Vec<wit::Emitted>,
+    /// Group of every record.
+    groups: Vec<u32>,
+    /// The records' texts, and where each ends.
+    values: wit::Packed,
 }
 
 impl Output {
+    fn new() -> Output {
+        Output { group: 0, groups: Vec::new(), values: wit::Packed { bytes: Vec::new(), ends: Vec::new() } }
+    }
+
     /// Emit one record; its value must serialize to a JSON object (the text serde_json
     /// writes for it).
     pub fn emit<T: Serialize + ?Sized>(&mut self, value: &T) {
-        let value = match json::to_string(value) {
-            Some(text) => text,
-            None => serde_json::to_string(value).expect("record serializes to JSON"),
-        };
-        self.records.push(wit::Emitted { group: self.group, value });
+        if !json::write(&mut self.values.bytes, value) {
+            serde_json::to_writer(&mut self.values.bytes, value).expect("record serializes to JSON");
+        }
+        self.end_record();
     }
 
     /// Emit a value given as JSON text, as is (the host checks it).
     pub fn emit_raw(&mut self, json: &str) {
-        self.records.push(wit::Emitted { group: self.group, value: json.to_string() });
+        self.values.bytes.extend_from_slice(json.as_bytes());
+        self.end_record();
+    }
+
+    fn end_record(&mut self) {
+        self.values.ends.push(self.values.bytes.len() as u32);
+        self.groups.push(self.group);
     }
 }
 

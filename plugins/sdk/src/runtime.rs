@@ -3,6 +3,7 @@
 //! Not part of the author-facing API (`export_plugin!` calls it).
 
 use crate::bindings::exports::km0::plugin::aggregate as exports;
+use crate::bindings::exports::km0::plugin::packed_records;
 use crate::bindings::km0::plugin::types as wit;
 use crate::{packed_item, Aggregate, Config, Events, FieldType, Group, Output};
 use std::any::Any;
@@ -130,18 +131,15 @@ pub fn add<T: Aggregate>(groups: wit::Groups, events: wit::Events) -> Result<wit
 }
 
 /// `add`, then `finish` of each group (its accumulator is not encoded again).
-pub fn add_and_finish<T: Aggregate>(
-    groups: wit::Groups,
-    events: wit::Events,
-) -> Result<Vec<wit::Emitted>, String> {
+pub fn add_and_finish<T: Aggregate>(groups: wit::Groups, events: wit::Events) -> Result<Output, String> {
     with_plugin::<T, _>(|plugin| {
-        let mut out = Output { group: 0, records: Vec::new() };
+        let mut out = Output::new();
         fold(plugin, &groups, &events, |i, acc, group| {
             out.group = i as u32;
             plugin.finish(acc, group, &mut out);
             Ok(())
         })?;
-        Ok(out.records)
+        Ok(out)
     })
 }
 
@@ -178,7 +176,7 @@ pub fn merge_and_finish<T: Aggregate>(
     groups: wit::Groups,
     panes: wit::Packed,
     counts: Vec<u32>,
-) -> Result<Vec<wit::Emitted>, String> {
+) -> Result<Output, String> {
     with_plugin::<T, _>(|plugin| {
         let n = check_groups(&groups)?;
         if counts.len() != n {
@@ -188,7 +186,7 @@ pub fn merge_and_finish<T: Aggregate>(
         if total != panes.ends.len() as u64 {
             return Err(format!("{} panes for groups that count {total}", panes.ends.len()));
         }
-        let mut out = Output { group: 0, records: Vec::new() };
+        let mut out = Output::new();
         let mut next = 0usize;
         for (i, &count) in counts.iter().enumerate() {
             let end = next + count as usize;
@@ -203,7 +201,7 @@ pub fn merge_and_finish<T: Aggregate>(
             out.group = i as u32;
             plugin.finish(&acc, &group_view(&groups, i), &mut out);
         }
-        Ok(out.records)
+        Ok(out)
     })
 }
 
@@ -223,17 +221,36 @@ pub fn merge<T: Aggregate>(left: wit::Packed, right: wit::Packed) -> Result<wit:
     })
 }
 
-pub fn finish<T: Aggregate>(groups: wit::Groups) -> Result<Vec<wit::Emitted>, String> {
+pub fn finish<T: Aggregate>(groups: wit::Groups) -> Result<Output, String> {
     with_plugin::<T, _>(|plugin| {
         let n = check_groups(&groups)?;
-        let mut out = Output { group: 0, records: Vec::new() };
+        let mut out = Output::new();
         for i in 0..n {
             let acc: T::Acc = crate::decode(packed_item(&groups.accumulators, i))?;
             out.group = i as u32;
             plugin.finish(&acc, &group_view(&groups, i), &mut out);
         }
-        Ok(out.records)
+        Ok(out)
     })
+}
+
+/// A call's records as a `list<emitted>` (what `aggregate.finish`, `fire` and `panes`
+/// return): a string each.
+pub fn listed(out: Result<Output, String>) -> Result<Vec<wit::Emitted>, String> {
+    let out = out?;
+    let mut start = 0usize;
+    let mut records = Vec::with_capacity(out.groups.len());
+    for (&group, &end) in out.groups.iter().zip(&out.values.ends) {
+        let text = &out.values.bytes[start..end as usize];
+        records.push(wit::Emitted { group, value: String::from_utf8_lossy(text).into_owned() });
+        start = end as usize;
+    }
+    Ok(records)
+}
+
+/// A call's records in one buffer (what `packed-records` returns).
+pub fn packed(out: Result<Output, String>) -> Result<packed_records::Records, String> {
+    out.map(|out| packed_records::Records { groups: out.groups, values: out.values })
 }
 
 pub fn migrate<T: Aggregate>(from_schema: u32, accs: wit::Packed) -> Result<wit::Packed, String> {
@@ -254,7 +271,8 @@ pub fn migrate<T: Aggregate>(from_schema: u32, accs: wit::Packed) -> Result<wit:
 }
 
 /// Export an [`Aggregate`] as the km0 `firing-aggregate-plugin` world (`aggregate`,
-/// `fire` for windows that close as they fire, and `panes` for sliding windows).
+/// `fire` for windows that close as they fire, `panes` for sliding windows, and
+/// `packed-records`, each call's records in one buffer).
 #[macro_export]
 macro_rules! export_plugin {
     ($plugin:ty) => {
@@ -287,7 +305,7 @@ macro_rules! export_plugin {
             fn finish(
                 groups: $crate::bindings::km0::plugin::types::Groups,
             ) -> Result<Vec<$crate::bindings::km0::plugin::types::Emitted>, String> {
-                $crate::__rt::finish::<$plugin>(groups)
+                $crate::__rt::listed($crate::__rt::finish::<$plugin>(groups))
             }
             fn migrate(
                 from_schema: u32,
@@ -301,7 +319,7 @@ macro_rules! export_plugin {
                 groups: $crate::bindings::km0::plugin::types::Groups,
                 events: $crate::bindings::km0::plugin::types::Events,
             ) -> Result<Vec<$crate::bindings::km0::plugin::types::Emitted>, String> {
-                $crate::__rt::add_and_finish::<$plugin>(groups, events)
+                $crate::__rt::listed($crate::__rt::add_and_finish::<$plugin>(groups, events))
             }
         }
         impl $crate::bindings::exports::km0::plugin::panes::Guest for __Km0Export {
@@ -310,7 +328,27 @@ macro_rules! export_plugin {
                 panes: $crate::bindings::km0::plugin::types::Packed,
                 counts: Vec<u32>,
             ) -> Result<Vec<$crate::bindings::km0::plugin::types::Emitted>, String> {
-                $crate::__rt::merge_and_finish::<$plugin>(groups, panes, counts)
+                $crate::__rt::listed($crate::__rt::merge_and_finish::<$plugin>(groups, panes, counts))
+            }
+        }
+        impl $crate::bindings::exports::km0::plugin::packed_records::Guest for __Km0Export {
+            fn finish(
+                groups: $crate::bindings::km0::plugin::types::Groups,
+            ) -> Result<$crate::bindings::exports::km0::plugin::packed_records::Records, String> {
+                $crate::__rt::packed($crate::__rt::finish::<$plugin>(groups))
+            }
+            fn add_and_finish(
+                groups: $crate::bindings::km0::plugin::types::Groups,
+                events: $crate::bindings::km0::plugin::types::Events,
+            ) -> Result<$crate::bindings::exports::km0::plugin::packed_records::Records, String> {
+                $crate::__rt::packed($crate::__rt::add_and_finish::<$plugin>(groups, events))
+            }
+            fn merge_and_finish(
+                groups: $crate::bindings::km0::plugin::types::Groups,
+                panes: $crate::bindings::km0::plugin::types::Packed,
+                counts: Vec<u32>,
+            ) -> Result<$crate::bindings::exports::km0::plugin::packed_records::Records, String> {
+                $crate::__rt::packed($crate::__rt::merge_and_finish::<$plugin>(groups, panes, counts))
             }
         }
         $crate::bindings::__export_aggregate!(__Km0Export with_types_in $crate::bindings);

@@ -266,9 +266,12 @@ impl Compound<'_> {
     }
 }
 
+/// Inlined always, as `serialize_str`: a struct's fields are written in line (a call a
+/// value cost ~45 instructions of entry and exit inside WebAssembly).
 macro_rules! integers {
     ($($f:ident: $t:ty),*) => {
-        $(fn $f(self, v: $t) -> Result<(), GiveUp> {
+        $(#[inline(always)]
+        fn $f(self, v: $t) -> Result<(), GiveUp> {
             self.integer(v)
         })*
     };
@@ -302,6 +305,7 @@ impl<'a> ser::Serializer for &'a mut Writer {
         string(&mut self.out, b"", v.encode_utf8(&mut [0; 4]), b"");
         Ok(())
     }
+    #[inline(always)]
     fn serialize_str(self, v: &str) -> Result<(), GiveUp> {
         string(&mut self.out, b"", v, b"");
         Ok(())

@@ -253,9 +253,9 @@ impl Instance {
         each_version!(self, store, call_merge(left, right))
     }
 
-    /// `finish` (`packed-records.finish` when the plugin exports it).
-    pub fn finish(&self, store: &mut Store<GuestState>, groups: &Groups) -> Call<Records> {
-        if let Instance::V0_5 { packed: Some(p), .. } = self {
+    /// `finish` (`packed-records.finish` when the plugin exports it and `packs`).
+    pub fn finish(&self, store: &mut Store<GuestState>, groups: &Groups, packs: bool) -> Call<Records> {
+        if let (Instance::V0_5 { packed: Some(p), .. }, true) = (self, packs) {
             return packed(p.call_finish(store, groups));
         }
         listed(each_version!(self, store, call_finish(groups)))
@@ -280,13 +280,14 @@ impl Instance {
         matches!(self, Instance::V0_5 { packed: Some(_), .. })
     }
 
-    /// `fire.add-and-finish` (`packed-records.add-and-finish` when the plugin exports it);
-    /// None when the plugin does not export `fire`.
+    /// `fire.add-and-finish` (`packed-records.add-and-finish` when the plugin exports it
+    /// and `packs`); None when the plugin does not export `fire`.
     pub fn add_and_finish(
         &self,
         store: &mut Store<GuestState>,
         groups: &Groups,
         events: &Events,
+        packs: bool,
     ) -> Option<Call<Records>> {
         match self {
             Instance::Firing(i) => {
@@ -295,7 +296,7 @@ impl Instance {
             Instance::V0_4 { fire: Some(f), .. } => {
                 Some(listed(f.call_add_and_finish(store, groups, events)))
             }
-            Instance::V0_5 { fire: Some(_), packed: Some(p), .. } => {
+            Instance::V0_5 { fire: Some(_), packed: Some(p), .. } if packs => {
                 Some(packed(p.call_add_and_finish(store, groups, events)))
             }
             Instance::V0_5 { fire: Some(f), .. } => {
@@ -306,19 +307,20 @@ impl Instance {
     }
 
     /// `panes.merge-and-finish` (`packed-records.merge-and-finish` when the plugin exports
-    /// it); None when the plugin does not export `panes`.
+    /// it and `packs`); None when the plugin does not export `panes`.
     pub fn merge_and_finish(
         &self,
         store: &mut Store<GuestState>,
         groups: &Groups,
         panes: &Packed,
         counts: &[u32],
+        packs: bool,
     ) -> Option<Call<Records>> {
         match self {
             Instance::V0_4 { panes: Some(p), .. } => {
                 Some(listed(p.call_merge_and_finish(store, groups, panes, counts)))
             }
-            Instance::V0_5 { panes: Some(_), packed: Some(p), .. } => {
+            Instance::V0_5 { panes: Some(_), packed: Some(p), .. } if packs => {
                 Some(packed(p.call_merge_and_finish(store, groups, panes, counts)))
             }
             Instance::V0_5 { panes: Some(p), .. } => {

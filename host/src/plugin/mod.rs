@@ -117,6 +117,12 @@ impl CallStats {
     }
 }
 
+/// Calls after a fault in a call that returned its records in one buffer
+/// (`packed-records`) that return them as a `list<emitted>` instead: the retries that
+/// isolate the fault (one window a call), and what follows, do not depend on that
+/// buffer being well formed.
+const PACKED_PAUSE: u32 = 1 << 16;
+
 /// How often the engine's epoch advances while a plugin runs: the granularity of the
 /// call timeout.
 pub const EPOCH: Duration = Duration::from_millis(10);
@@ -347,6 +353,7 @@ impl PluginRuntime {
             config: Vec::new(),
             calls: CallStats::default(),
             ticker: self.ticker.clone(),
+            packed_paused: 0,
         })
     }
 }
@@ -381,6 +388,8 @@ pub struct Plugin {
     config: Vec<(String, String)>,
     calls: CallStats,
     ticker: Arc<Ticker>,
+    /// Calls left that return their records as a list ([`PACKED_PAUSE`]).
+    packed_paused: u32,
 }
 
 impl Plugin {
@@ -489,8 +498,30 @@ impl Plugin {
 
     /// Results of firing windows.
     pub fn finish(&mut self, groups: &Groups) -> Result<Vec<Emitted>> {
-        let out = self.call("finish", |i, store| i.finish(store, groups))?;
-        self.check_emitted("finish", out, groups)
+        let packs = self.packs();
+        let out = self.call("finish", |i, store| i.finish(store, groups, packs));
+        let out = out.and_then(|out| self.check_emitted("finish", out, groups));
+        self.after_records(packs, out.is_err());
+        out
+    }
+
+    /// Whether the next call that returns records may return them in one buffer (a
+    /// plugin that exports `packed-records`, not within [`PACKED_PAUSE`] calls of a fault
+    /// in such a call); counts a call of the pause.
+    fn packs(&mut self) -> bool {
+        if self.packed_paused == 0 {
+            return true;
+        }
+        self.packed_paused -= 1;
+        false
+    }
+
+    /// After a call that returned records: a fault in one that returned them in one
+    /// buffer starts a pause.
+    fn after_records(&mut self, packs: bool, failed: bool) {
+        if packs && failed && self.instance.packs_records() {
+            self.packed_paused = PACKED_PAUSE;
+        }
     }
 
     /// Whether the plugin folds and finishes closing windows in one call (it exports
@@ -502,11 +533,14 @@ impl Plugin {
     /// Fold the groups' events and finish their windows, which close, in one call
     /// (`fire.add-and-finish`); refused when the plugin does not export `fire`.
     pub fn add_and_finish(&mut self, groups: &Groups, events: &Events) -> Result<Vec<Emitted>> {
+        let packs = self.packs();
         let out = self.call("add-and-finish", |i, store| {
-            i.add_and_finish(store, groups, events)
+            i.add_and_finish(store, groups, events, packs)
                 .unwrap_or_else(|| Ok(Err("the plugin does not export fire".into())))
-        })?;
-        self.check_emitted("add-and-finish", out, groups)
+        });
+        let out = out.and_then(|out| self.check_emitted("add-and-finish", out, groups));
+        self.after_records(packs, out.is_err());
+        out
     }
 
     /// Whether the plugin merges a sliding window's panes and finishes it in one call (it
@@ -524,11 +558,14 @@ impl Plugin {
         panes: &Packed,
         counts: &[u32],
     ) -> Result<Vec<Emitted>> {
+        let packs = self.packs();
         let out = self.call("merge-and-finish", |i, store| {
-            i.merge_and_finish(store, groups, panes, counts)
+            i.merge_and_finish(store, groups, panes, counts, packs)
                 .unwrap_or_else(|| Ok(Err("the plugin does not export panes".into())))
-        })?;
-        self.check_emitted("merge-and-finish", out, groups)
+        });
+        let out = out.and_then(|out| self.check_emitted("merge-and-finish", out, groups));
+        self.after_records(packs, out.is_err());
+        out
     }
 
     /// Records that name a group of the call (in one buffer: its items, each UTF-8, one
@@ -595,6 +632,9 @@ fn unpack_records(groups: &[u32], values: &Packed) -> std::result::Result<Vec<Em
         out.push(Emitted { group, value: value.to_string() });
         start = end as usize;
     }
+    if start != values.bytes.len() {
+        return Err(format!("returned {} bytes after its last record", values.bytes.len() - start));
+    }
     Ok(out)
 }
 
@@ -638,6 +678,8 @@ mod tests {
         assert_eq!(err(&[0], &values), "returned 3 records with 1 groups");
         assert_eq!(err(&[0, 0], &packed(b"{}", &[2, 1])), "returned malformed packed records");
         assert_eq!(err(&[0], &packed(b"{}", &[3])), "returned malformed packed records");
+        assert_eq!(err(&[0], &packed(b"{}{", &[2])), "returned 1 bytes after its last record");
+        assert_eq!(err(&[], &packed(b"{}", &[])), "returned 2 bytes after its last record");
         // The ñ cut in two: the first record ends inside it.
         let cut = packed("{\"a\":\"ñ\"}".as_bytes(), &[7, 10]);
         assert_eq!(err(&[0, 0], &cut), "returned record 0 that is not UTF-8");

@@ -1243,7 +1243,8 @@ pub fn push_json_str(out: &mut Vec<u8>, s: &str) {
     let b = s.as_bytes();
     // Every byte escaped (`\u00xx`, six bytes), the quotes, and room for a 16-byte store
     // at the last place written.
-    out.reserve(6 * b.len() + 2 + 16);
+    // (Saturating: a length that overflows it is refused by `reserve`, not written past.)
+    out.reserve(b.len().saturating_mul(6).saturating_add(2 + 16));
     let mut w = out.len();
     let dst = out.as_mut_ptr();
     // SAFETY: `reserve` made room for 6 * b.len() + 18 bytes from `out.len()`. Each byte of

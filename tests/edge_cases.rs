@@ -438,3 +438,56 @@ fn a_job_that_reads_many_fields_filters_and_aggregates_as_one_that_reads_few() {
     assert_eq!(wide_late, narrow_late);
     assert_eq!(wide_filtered, narrow_filtered + (wide.len() - narrow.len()) as u64);
 }
+
+#[test]
+fn records_taken_in_a_row_keep_their_own_line_and_offset_in_the_side_outputs() {
+    // Thousands of records of one layout (taken one after another where they lie, many in
+    // one call), `\n` and `\r\n` line ends, blank lines, filtered records, and planted
+    // late and malformed ones: every late and dead-letter line names the line number and
+    // byte offset where its record starts, as counted here from the bytes written.
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = 1_757_844_000_000i64;
+    let (mut input, mut line, mut planted) = (Vec::<u8>::new(), 0u64, Vec::new());
+    for i in 0..6000i64 {
+        let t = t0 + i * 1000;
+        let (record, kind) = match i % 97 {
+            // An hour behind the stream (from its second hour on): past every window.
+            13 if i > 3600 => (stock("p1", "m1", t - 3_600_000, 5), Some("late")),
+            // A stock that is not a number: the same layout, dead-lettered.
+            41 => (
+                stock("p2", "m1", t, 5).replace(r#""stock_actual":5"#, r#""stock_actual":"cinco""#),
+                Some("dead"),
+            ),
+            50 => (stock("p3", "m2", t, 5).replace("stock.actualizado", "pedido.creado"), None),
+            _ => (stock(&format!("p{}", i % 40), "m1", t, 20 + i % 7), None),
+        };
+        if i % 211 == 0 {
+            input.extend_from_slice(b"\n");
+            line += 1;
+        }
+        line += 1;
+        if let Some(kind) = kind {
+            planted.push((kind, line, input.len() as u64, record.clone()));
+        }
+        input.extend_from_slice(record.as_bytes());
+        input.extend_from_slice(if i % 3 == 0 { b"\r\n" } else { b"\n" });
+    }
+    std::fs::write(dir.path().join("in.jsonl"), &input).unwrap();
+    let p = stock_job(dir.path(), "kind = \"file\"\npath = \"in.jsonl\"", "");
+    let s = run(&p, RunOptions::default());
+    let mut seen: Vec<(&str, u64, u64, String)> = Vec::new();
+    for (kind, file) in [("late", "out/late.jsonl"), ("dead", "out/dead-letter.jsonl")] {
+        for l in read_jsonl(&dir.path().join(file)) {
+            let at = (l["line"].as_u64().unwrap(), l["offset"].as_u64().unwrap());
+            seen.push((kind, at.0, at.1, l["record"].as_str().unwrap().to_string()));
+        }
+    }
+    seen.sort_by_key(|s| s.1);
+    let want: Vec<(&str, u64, u64, String)> = planted;
+    assert_eq!(seen.len(), want.len());
+    for (got, want) in seen.iter().zip(&want) {
+        assert_eq!(got, want);
+    }
+    assert!(want.iter().filter(|w| w.0 == "late").count() > 20);
+    assert_eq!(s.counters.late as usize, want.iter().filter(|w| w.0 == "late").count());
+}

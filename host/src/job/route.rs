@@ -7,6 +7,7 @@ use super::*;
 use crate::checkpoint::components::Component;
 use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
 use crate::source::json::Scalar;
+use crate::source::{line_break_at, Took};
 use crate::window::aggregator::Aggregator;
 
 /// Fields most jobs read (time, filter, key, plugin fields): a record's slots are this
@@ -45,6 +46,8 @@ pub(super) struct Job {
     pub(super) filtered: u64,
     pub(super) dead_lettered: u64,
     pub(super) key_buf: Vec<u8>,
+    /// The key of the record after the one at hand ([`Job::on_records_framed`]).
+    pub(super) next_key: Vec<u8>,
     pub(super) line_buf: Vec<u8>,
     pub(super) results: Vec<Emitted>,
     /// Input names by partition, for side outputs.
@@ -231,6 +234,7 @@ impl Job {
             filtered: 0,
             dead_lettered: 0,
             key_buf: Vec::with_capacity(64),
+            next_key: Vec::with_capacity(64),
             line_buf: Vec::with_capacity(256),
             results: Vec::new(),
             sources: Vec::new(),
@@ -264,21 +268,71 @@ impl Job {
         c
     }
 
-    /// Process the record at the start of `ahead` (the input from there on) when its
-    /// layout was seen before and it ends before a line break: its length (see
-    /// [`crate::source::json::Projection::scan_framed`]); None, having processed nothing,
-    /// when it must be found by its line break and go through [`Job::on_record`].
+    /// Process the records at the start of `ahead` (the input from there on), one after
+    /// another while their layout was seen before and each ends before a line break (see
+    /// [`crate::source::json::Projection::scan_framed`]), up to `most`; `took` counts
+    /// them and the bytes they cover with their line breaks, the first at `pos`. The first
+    /// record it cannot take is left (found by its line break, it goes through
+    /// [`Job::on_record`]).
+    ///
+    /// Each record is scanned one ahead of its processing: the key of the next one is
+    /// built and its place in each aggregation's key index asked for
+    /// ([`WindowOperator::prefetch_key`]) while this one is processed, so that its
+    /// lookup, a cache miss nearly every record with many keys, finds it there.
     #[inline]
-    pub(super) fn on_record_framed(&mut self, ahead: &[u8], pos: Position) -> Result<Option<usize>> {
-        let (mut few, mut all);
-        let slots = field_slots!(self.decoder.projection.len(), few, all);
-        let Some(len) = self.decoder.projection.scan_framed(ahead, slots) else { return Ok(None) };
-        self.read += 1;
-        self.on_scanned(&ahead[..len], pos, slots)?;
-        Ok(Some(len))
+    pub(super) fn on_records_framed(
+        &mut self,
+        ahead: &[u8],
+        pos: Position,
+        most: u64,
+        took: &mut Took,
+    ) -> Result<()> {
+        let n = self.decoder.projection.len();
+        let (mut few, mut all, mut next_few, mut next_all);
+        let mut slots = field_slots!(n, few, all);
+        let mut next = field_slots!(n, next_few, next_all);
+        let Some(mut len) = self.decoder.projection.scan_framed(ahead, slots) else { return Ok(()) };
+        let mut keyed = self.decoder.key(slots, &mut self.key_buf).is_ok();
+        let mut at = 0usize;
+        loop {
+            let end = at + len;
+            // The scan takes a record only before a line break: without one it would not
+            // be the line the newline search finds (left to it).
+            let Some(line_break) = line_break_at(ahead, end) else {
+                debug_assert!(false, "a record taken framed ends before a line break");
+                return Ok(());
+            };
+            let after = end + line_break;
+            crate::source::prefetch_after(ahead, after);
+            let next_len = if took.records + 1 < most {
+                self.decoder.projection.peek_framed(&ahead[after..], next)
+            } else {
+                None
+            };
+            let next_keyed = next_len.is_some() && self.decoder.key(next, &mut self.next_key).is_ok();
+            if next_keyed {
+                for op in &self.ops {
+                    op.prefetch_key(&self.next_key);
+                }
+            }
+            self.read += 1;
+            let record_pos = Position {
+                partition: pos.partition,
+                line: pos.line + took.records,
+                offset: pos.offset + at as u64,
+            };
+            let done = self.on_scanned(&ahead[at..end], record_pos, slots, keyed);
+            took.records += 1;
+            took.bytes = after;
+            done?;
+            let Some(next_len) = next_len else { return Ok(()) };
+            std::mem::swap(&mut slots, &mut next);
+            std::mem::swap(&mut self.key_buf, &mut self.next_key);
+            (len, at, keyed) = (next_len, after, next_keyed);
+        }
     }
 
-    /// Whether the next record is to be offered to [`Job::on_record_framed`] (see
+    /// Whether the next record is to be offered to [`Job::on_records_framed`] (see
     /// [`crate::source::json::Projection::frames`]).
     #[inline]
     pub(super) fn frames(&mut self) -> bool {
@@ -306,12 +360,19 @@ impl Job {
             }
             return Ok(());
         }
-        self.on_scanned(record, pos, slots)
+        self.on_scanned(record, pos, slots, false)
     }
 
-    /// A record scanned into `slots` (its fields, in projection order).
+    /// A record scanned into `slots` (its fields, in projection order); `keyed`: its key
+    /// is built in `key_buf` already.
     #[inline(always)]
-    fn on_scanned(&mut self, record: &[u8], pos: Position, slots: &[Option<Scalar>]) -> Result<()> {
+    fn on_scanned(
+        &mut self,
+        record: &[u8],
+        pos: Position,
+        slots: &[Option<Scalar>],
+        keyed: bool,
+    ) -> Result<()> {
         let partition = if self.by_field {
             let name = self.decoder.partition_name(slots);
             self.watermarks.partition(&name)
@@ -323,10 +384,13 @@ impl Job {
         if wm > before {
             self.advance(wm)?;
         }
-        let checked = self
-            .decoder
-            .event_time(slots)
-            .and_then(|t| self.decoder.key(slots, &mut self.key_buf).map(|_| t));
+        let checked = self.decoder.event_time(slots).and_then(|t| {
+            if keyed {
+                Ok(t)
+            } else {
+                self.decoder.key(slots, &mut self.key_buf).map(|_| t)
+            }
+        });
         let t = match checked {
             Ok(t) => t,
             Err(Reject::Filtered) => {

@@ -174,7 +174,9 @@ pub(super) fn start(
             let read = source.records();
             let checkpoint_in = checkpoints.as_ref().and_then(|c| c.records_until_due(read));
             let most = run_length(read, read_before, stop_after, checkpoint_in);
-            source.next_records_framed(most, |ahead, pos| job.on_record_framed(ahead, pos))?
+            source.next_records_framed(most, |ahead, pos, most, took| {
+                job.on_records_framed(ahead, pos, most, took)
+            })?
         } else {
             source.next_record()?.map_or(Framed::End, |(record, pos)| Framed::Record(record, pos))
         };

@@ -12,7 +12,7 @@
 //! handed out, so a savepoint resumes exactly at the next record.
 
 use super::mapped::Mapped;
-use super::{Framed, PartitionPosition, Position, SourcePosition};
+use super::{Framed, PartitionPosition, Position, SourcePosition, Took};
 use crate::{Error, Result};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -41,7 +41,7 @@ pub struct FileSource {
 }
 
 /// What a record's input is offered to: its length when it takes the record there.
-type Take = fn(&[u8], Position) -> Result<Option<usize>>;
+type Take = fn(&[u8], Position, u64, &mut Took) -> Result<()>;
 
 impl FileSource {
     /// Open `paths` as partitions 0..n, resuming each at its saved position (matched by
@@ -137,7 +137,7 @@ impl FileSource {
     pub fn next_records_framed(
         &mut self,
         most: u64,
-        take: impl FnMut(&[u8], Position) -> Result<Option<usize>>,
+        take: impl FnMut(&[u8], Position, u64, &mut Took) -> Result<()>,
     ) -> Result<Framed<'_>> {
         self.next_offered(most, Some(take))
     }
@@ -147,7 +147,7 @@ impl FileSource {
     fn next_offered(
         &mut self,
         most: u64,
-        mut take: Option<impl FnMut(&[u8], Position) -> Result<Option<usize>>>,
+        mut take: Option<impl FnMut(&[u8], Position, u64, &mut Took) -> Result<()>>,
     ) -> Result<Framed<'_>> {
         if !self.ended_after_run.is_empty() {
             self.ended.append(&mut self.ended_after_run);
@@ -318,19 +318,20 @@ impl LineReader {
         }
     }
 
-    /// Offer the input ahead to `take` (see [`FileSource::next_records_framed`]), record
-    /// after record while it takes them, up to `run` records; `taken` counts those it
-    /// took (the reader is then past each and its line break).
+    /// Offer the input ahead to `take` (see [`FileSource::next_records_framed`]), while
+    /// it takes records, up to `run` records; `taken` counts those it took (the reader is
+    /// then past each and its line break).
     #[inline]
     fn take_run(
         &mut self,
         run: u64,
-        take: &mut impl FnMut(&[u8], Position) -> Result<Option<usize>>,
+        take: &mut impl FnMut(&[u8], Position, u64, &mut Took) -> Result<()>,
         taken: &mut u64,
     ) -> Result<()> {
-        // A mapping cut short is looked for before the run, and after each record, as
-        // after a newline search (`take` read every byte of the record and the line break
-        // after it): the look after one record is the look before the next.
+        // A mapping cut short is looked for before the run, and after each offer, as
+        // after a newline search (`take` read every byte of its records and the line
+        // break after each, and a record scanned where it lies ends at a line break, which
+        // no zero of a page cut from the file is: the records it took are whole).
         if self.map.as_ref().is_some_and(Mapped::shrank) {
             return Err(self.shrank());
         }
@@ -342,31 +343,26 @@ impl LineReader {
             if s >= end {
                 return Ok(());
             }
-            if let Some(m) = &self.map {
-                m.prefetch_ahead(s);
-            }
             let pos = Position { partition: self.partition, line: self.lines + 1, offset: self.offset };
-            let Some(len) = take(&self.bytes()[s..end], pos)? else { return Ok(()) };
+            let mut took = Took::default();
+            let result = take(&self.bytes()[s..end], pos, run - *taken, &mut took);
+            debug_assert!(took.records <= run - *taken && took.bytes <= end - s);
+            // Counted even when a record fails.
+            self.start = s + took.bytes;
+            self.offset += took.bytes as u64;
+            self.lines += took.records;
+            self.records += took.records;
+            *taken += took.records;
+            if let Some(m) = &mut self.map {
+                m.release_before(self.start);
+            }
+            result?;
             if self.map.as_ref().is_some_and(Mapped::shrank) {
                 return Err(self.shrank());
             }
-            let line_break = match self.bytes()[..end].get(s + len..) {
-                Some([b'\n', ..]) => 1,
-                Some([b'\r', b'\n', ..]) => 2,
-                _ => {
-                    let what =
-                        format!("the record taken at byte {} does not end before a line break", self.offset);
-                    return Err(Error::io("read input", &self.path, std::io::Error::other(what)));
-                }
-            };
-            self.start = s + len + line_break;
-            self.offset += (len + line_break) as u64;
-            self.lines += 1;
-            if let Some(m) = &mut self.map {
-                m.release_before(s);
+            if took.records == 0 {
+                return Ok(());
             }
-            self.records += 1;
-            *taken += 1;
         }
         Ok(())
     }
@@ -569,11 +565,20 @@ mod tests {
             let mut taken = Vec::new();
             let run = most.min((stop_after - out.len()) as u64);
             let got = src
-                .next_records_framed(run, |ahead, pos| {
+                .next_records_framed(run, |ahead, pos, most, took| {
+                    // As the job does: records one after another while the scan takes
+                    // them, up to `most`, each at the position after the last.
                     let mut slots = [None; 2];
-                    let len = p.scan_framed(ahead, &mut slots);
-                    taken.extend(len.map(|n| (String::from_utf8(ahead[..n].to_vec()).unwrap(), pos)));
-                    Ok(len)
+                    while took.records < most {
+                        let Some(n) = p.scan_framed(&ahead[took.bytes..], &mut slots) else { break };
+                        let at = took.bytes;
+                        let record = String::from_utf8(ahead[at..at + n].to_vec()).unwrap();
+                        let line = pos.line + took.records;
+                        taken.push((record, Position { line, offset: pos.offset + at as u64, ..pos }));
+                        took.records += 1;
+                        took.bytes = at + n + crate::source::line_break_at(ahead, at + n).unwrap();
+                    }
+                    Ok(())
                 })
                 .unwrap();
             let ended = matches!(got, Framed::End);

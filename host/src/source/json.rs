@@ -526,6 +526,24 @@ impl Projection {
     /// way (nested values in every record) should not be tried for a while: a caller asks
     /// [`Self::frames`] first.
     pub fn scan_framed<'a>(&mut self, ahead: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Option<usize> {
+        let taken = self.peek_framed(ahead, out);
+        if taken.is_some() {
+            self.framed_misses = 0;
+            return taken;
+        }
+        self.framed_misses += 1;
+        if self.framed_misses == FRAMED_MISSES {
+            self.framed_misses = 0;
+            self.framed_pause = FRAMED_PAUSE;
+        }
+        None
+    }
+
+    /// [`Self::scan_framed`] without counting a record it cannot take towards a pause: a
+    /// look at the record after the one at hand, which is offered to
+    /// [`Self::scan_framed`] again when this gives None.
+    #[inline]
+    pub fn peek_framed<'a>(&mut self, ahead: &'a [u8], out: &mut [Option<Scalar<'a>>]) -> Option<usize> {
         debug_assert_eq!(out.len(), self.names.len());
         // The layouts in `shape_order`, counted round (an iterator over two ranges cost
         // 30 instructions a record).
@@ -546,15 +564,9 @@ impl Projection {
             };
             if let Some(len) = taken {
                 self.last = s;
-                self.framed_misses = 0;
                 return Some(len);
             }
             s = if s + 1 == n { 0 } else { s + 1 };
-        }
-        self.framed_misses += 1;
-        if self.framed_misses == FRAMED_MISSES {
-            self.framed_misses = 0;
-            self.framed_pause = FRAMED_PAUSE;
         }
         None
     }

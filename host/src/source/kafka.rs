@@ -18,7 +18,7 @@
 //! them, and [`KafkaSource::pause`] stops fetching while a sink drains.
 
 use super::json::FRAMED_PADDING;
-use super::{Framed, PartitionPosition, Position, SourcePosition};
+use super::{Framed, PartitionPosition, Position, SourcePosition, Took};
 use crate::pipeline::{KafkaSourceSpec, StartAt};
 use crate::{Error, Result};
 use rdkafka::bindings as rdsys;
@@ -398,7 +398,7 @@ impl KafkaSource {
     pub fn next_records_framed(
         &mut self,
         most: u64,
-        mut take: impl FnMut(&[u8], Position) -> Result<Option<usize>>,
+        mut take: impl FnMut(&[u8], Position, u64, &mut Took) -> Result<()>,
     ) -> Result<Framed<'_>> {
         // The partitions that ended with the input read at the end of the last run: this
         // call is the `End` they came with, as when records came one a call.
@@ -423,13 +423,15 @@ impl KafkaSource {
             }
             self.buf.push(b'\n');
             self.buf.resize(len + 1 + FRAMED_PADDING, 0);
-            let took = take(&self.buf, pos);
+            let mut took = Took::default();
+            let result = take(&self.buf, pos, 1, &mut took);
             self.buf.truncate(len);
-            match took? {
-                // The scan takes a record up to a line break, and the message has none.
-                Some(n) => debug_assert_eq!(n, len),
-                None => return Ok(Framed::Record(&self.buf, pos)),
+            result?;
+            if took.records == 0 {
+                return Ok(Framed::Record(&self.buf, pos));
             }
+            // The scan takes a record up to a line break, and the message has none.
+            debug_assert_eq!(took, Took { records: 1, bytes: len + 1 });
             taken += 1;
             // A partition that ended is reported after the record it ended before (it no
             // longer holds the watermark back from the next one on), as one at a time.

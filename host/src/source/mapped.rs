@@ -149,8 +149,8 @@ impl Mapped {
     /// it (instead of faulting its way through the rest of the mapping).
     #[inline]
     pub fn newline(&self, from: usize, to: usize) -> Result<Option<usize>, Shrank> {
-        self.prefetch_ahead(from);
         let bytes = self.bytes();
+        prefetch_after(bytes, from);
         let mut at = from;
         loop {
             let upto = to.min(at.saturating_add(SEARCH));
@@ -164,50 +164,6 @@ impl Mapped {
                 return Err(Shrank);
             }
             at = upto;
-        }
-    }
-
-    /// Ask for the record after the one at `from` ahead of its reading (see
-    /// [`PREFETCH_AHEAD`]).
-    #[inline(always)]
-    pub fn prefetch_ahead(&self, from: usize) {
-        self.prefetch(from.saturating_add(PREFETCH_AHEAD));
-        self.demote(from.wrapping_sub(DEMOTE_BEHIND));
-    }
-
-    /// Tell the processor that the cache lines at `at` (read already) may leave this
-    /// core's caches for the shared one (see [`DEMOTE_BEHIND`]).
-    #[inline(always)]
-    fn demote(&self, at: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if at < self.len {
-            let p = self.ptr.as_ptr().wrapping_add(at);
-            for line in 0..PREFETCH_LINES {
-                // SAFETY: CLDEMOTE is a hint, encoded as a NOP on processors without it: it
-                // reads and writes nothing the program sees, and never faults.
-                unsafe {
-                    std::arch::asm!(
-                        "cldemote [{0}]",
-                        in(reg) p.wrapping_add(64 * line),
-                        options(nostack, preserves_flags, readonly)
-                    );
-                }
-            }
-        }
-    }
-
-    /// Ask for the cache lines at `at` (within the mapping) ahead of their reading.
-    #[inline(always)]
-    fn prefetch(&self, at: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if at < self.len {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p = self.ptr.as_ptr().wrapping_add(at).cast::<i8>();
-            for line in 0..PREFETCH_LINES {
-                // SAFETY: a prefetch is a hint: it reads nothing the program sees and
-                // never faults (on a page cut from a shrunken file it is dropped).
-                unsafe { _mm_prefetch(p.wrapping_add(64 * line), _MM_HINT_T0) };
-            }
         }
     }
 
@@ -270,6 +226,42 @@ impl Mapped {
         // SAFETY: advice on a range inside the mapping; it only maps pages.
         unsafe { libc::madvise(self.ptr.as_ptr().add(from).cast(), end - from, MADV_POPULATE_READ) };
     }
+}
+
+/// Ask for the record after the one at `from` in `input` ahead of its reading (see
+/// [`PREFETCH_AHEAD`]), and let the lines [`DEMOTE_BEHIND`] it go (see there): readers of
+/// the input call it at each record.
+#[inline(always)]
+pub fn prefetch_after(input: &[u8], from: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ahead = from.saturating_add(PREFETCH_AHEAD);
+        if ahead < input.len() {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let p = input.as_ptr().wrapping_add(ahead).cast::<i8>();
+            for line in 0..PREFETCH_LINES {
+                // SAFETY: a prefetch is a hint: it reads nothing the program sees and
+                // never faults (on a page cut from a shrunken file it is dropped).
+                unsafe { _mm_prefetch(p.wrapping_add(64 * line), _MM_HINT_T0) };
+            }
+        }
+        if let Some(behind) = from.checked_sub(DEMOTE_BEHIND) {
+            let p = input.as_ptr().wrapping_add(behind);
+            for line in 0..PREFETCH_LINES {
+                // SAFETY: CLDEMOTE is a hint, encoded as a NOP on processors without it: it
+                // reads and writes nothing the program sees, and never faults.
+                unsafe {
+                    std::arch::asm!(
+                        "cldemote [{0}]",
+                        in(reg) p.wrapping_add(64 * line),
+                        options(nostack, preserves_flags, readonly)
+                    );
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (input, from);
 }
 
 impl Drop for Mapped {

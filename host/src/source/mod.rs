@@ -10,6 +10,7 @@ pub mod file;
 pub mod json;
 pub mod kafka;
 mod mapped;
+pub use mapped::prefetch_after;
 
 use crate::pipeline::SourceSpec;
 use crate::Result;
@@ -20,6 +21,25 @@ use std::path::PathBuf;
 pub enum Source {
     File(file::FileSource),
     Kafka(kafka::KafkaSource),
+}
+
+/// What a framed `take` ([`Source::next_records_framed`]) took of the input ahead it was
+/// offered: records one after another from its start, each followed by its line break,
+/// and the bytes they cover with their line breaks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Took {
+    pub records: u64,
+    pub bytes: usize,
+}
+
+/// The length of the line break at `at` (`\n` or `\r\n`), if there is one.
+#[inline(always)]
+pub fn line_break_at(b: &[u8], at: usize) -> Option<usize> {
+    match b.get(at..) {
+        Some([b'\n', ..]) => Some(1),
+        Some([b'\r', b'\n', ..]) => Some(2),
+        _ => None,
+    }
 }
 
 /// What [`Source::next_records_framed`] did.
@@ -74,7 +94,7 @@ impl Source {
     pub fn next_records_framed(
         &mut self,
         most: u64,
-        take: impl FnMut(&[u8], Position) -> Result<Option<usize>>,
+        take: impl FnMut(&[u8], Position, u64, &mut Took) -> Result<()>,
     ) -> Result<Framed<'_>> {
         match self {
             Source::File(s) => s.next_records_framed(most, take),

@@ -6,12 +6,13 @@
 
 pub mod captured;
 mod key_hash;
+mod key_index;
 pub mod rocks;
 mod slab;
 
-use crate::source::json::short_eq;
 use crate::window::Window;
 use key_hash::KeyHasher;
+use key_index::KeyIndex;
 use slab::{Slab, SlabSnapshot};
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
@@ -45,7 +46,7 @@ fn span_of(spans: &[Arc<[Span]>], id: u32) -> Span {
 /// Dense ids for key tuples. A key is stored encoded: each field as a little-endian u32
 /// length followed by its UTF-8 bytes. Keys lie one after another in fixed-size chunks,
 /// so a key costs no allocation of its own; the index holds ids, hashed by their key (and
-/// short keys themselves, see [`Interned`]).
+/// short keys themselves, see [`key_index`]).
 ///
 /// Chunks (of bytes and of spans) are shared copy-on-write: a snapshot
 /// ([`KeyTable::snapshot`]) takes the table in O(chunks), without copying a key, and the
@@ -53,7 +54,7 @@ fn span_of(spans: &[Arc<[Span]>], id: u32) -> Span {
 /// keys go to, a span that changes).
 #[derive(Default)]
 pub struct KeyTable {
-    index: hashbrown::HashTable<Interned>,
+    index: KeyIndex,
     hasher: KeyHasher,
     /// The keys' bytes; new keys are appended to the last chunk, up to `fill`. Removed
     /// keys leave holes until the next compaction.
@@ -84,59 +85,6 @@ pub struct KeyTable {
 /// Ids interned since the last ranking that are kept beyond the keys held, before the
 /// next ranking sorts every key again instead.
 const FRESH_SLACK: usize = 1024;
-
-/// Keys of up to this many bytes (encoded) are held in their index entry too.
-const INLINE: usize = 40;
-
-/// An index entry: the id and the key, so that a lookup compares the key without a
-/// detour through `spans` or the chunks: the key's bytes when it is short (up to
-/// [`INLINE`]), else where it lies. Each detour was a cache miss per record with many
-/// keys (the entry, then the key's bytes).
-#[derive(Clone, Copy)]
-struct Interned {
-    id: u32,
-    /// The key's length.
-    len: u32,
-    /// The key when `len <= INLINE`; else its span, in the first 12 bytes.
-    key: [u8; INLINE],
-}
-
-impl Interned {
-    fn new(id: u32, span: Span, encoded: &[u8]) -> Interned {
-        let mut e = Interned { id, len: encoded.len() as u32, key: [0; INLINE] };
-        match e.key.get_mut(..encoded.len()) {
-            Some(inline) => inline.copy_from_slice(encoded),
-            None => e.set_span(span),
-        }
-        e
-    }
-
-    #[inline]
-    fn is_inline(&self) -> bool {
-        self.len as usize <= INLINE
-    }
-
-    /// The key's bytes.
-    #[inline(always)]
-    fn key<'a>(&'a self, chunks: &'a [Arc<[u8]>]) -> &'a [u8] {
-        match self.key.get(..self.len as usize) {
-            Some(inline) => inline,
-            None => bytes_of(chunks, self.span()),
-        }
-    }
-
-    fn span(&self) -> Span {
-        let word =
-            |i: usize| u32::from_le_bytes([self.key[i], self.key[i + 1], self.key[i + 2], self.key[i + 3]]);
-        Span { chunk: word(0), start: word(4), len: word(8) }
-    }
-
-    fn set_span(&mut self, span: Span) {
-        self.key[0..4].copy_from_slice(&span.chunk.to_le_bytes());
-        self.key[4..8].copy_from_slice(&span.start.to_le_bytes());
-        self.key[8..12].copy_from_slice(&span.len.to_le_bytes());
-    }
-}
 
 /// The key table as it was when [`KeyTable::snapshot`] was called, keys by id.
 #[derive(Debug, Clone, Default)]
@@ -190,9 +138,7 @@ impl KeyTable {
 
     #[inline(always)]
     fn find(&self, hash: u64, encoded: &[u8]) -> Option<u32> {
-        self.index
-            .find(hash, |e| e.len as usize == encoded.len() && short_eq(e.key(&self.chunks), encoded))
-            .map(|e| e.id)
+        self.index.find(hash, encoded, &self.chunks)
     }
 
     /// Intern a key not seen before, whose hash is `hash`.
@@ -213,8 +159,7 @@ impl KeyTable {
         } else {
             self.rank_whole = true;
         }
-        let (chunks, hasher) = (&self.chunks, &self.hasher);
-        self.index.insert_unique(hash, Interned::new(id, span, encoded), |e| hasher.hash(e.key(chunks)));
+        self.index.insert(id, hash, span, encoded);
         id
     }
 
@@ -245,16 +190,16 @@ impl KeyTable {
 
     /// Room for `n` more keys.
     pub fn reserve(&mut self, n: usize) {
-        let (chunks, hasher) = (&self.chunks, &self.hasher);
-        self.index.reserve(n, |e| hasher.hash(e.key(chunks)));
+        self.index.reserve(n);
     }
 
     /// Forget a key; its id may be given to another key.
     pub fn remove(&mut self, id: u32) {
         let span = span_of(&self.spans, id);
         let hash = self.hasher.hash(bytes_of(&self.chunks, span));
-        let Ok(entry) = self.index.find_entry(hash, |e| e.id == id) else { return };
-        entry.remove();
+        if !self.index.remove(id, hash) {
+            return;
+        }
         let len = span.len as usize;
         self.bytes -= len;
         self.holes += len;
@@ -277,14 +222,14 @@ impl KeyTable {
             self.set_span(id, moved);
         }
         for e in self.index.iter_mut().filter(|e| !e.is_inline()) {
-            e.set_span(span_of(&self.spans, e.id));
+            e.set_span(span_of(&self.spans, e.id()));
         }
         self.holes = 0;
     }
 
     /// Every live key id.
     pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.index.iter().map(|e| e.id)
+        self.index.iter().map(|e| e.id())
     }
 
     #[inline]
@@ -295,6 +240,14 @@ impl KeyTable {
     /// The table as it is now, for a snapshot: shares its chunks, copies no key.
     pub fn snapshot(&self) -> KeySnapshot {
         KeySnapshot { chunks: self.chunks.clone(), spans: self.spans.clone() }
+    }
+
+    /// Ask for the index entry a lookup of `encoded` reads first ahead of the lookup: with
+    /// many keys it is a cache miss, which a caller that knows the next key some hundred
+    /// nanoseconds early (the next record's) overlaps with other work.
+    #[inline(always)]
+    pub fn prefetch_key(&self, encoded: &[u8]) {
+        self.index.prefetch(self.hasher.hash(encoded));
     }
 
     /// Ask for a key's bytes ahead of reading them (see [`prefetch`]).
@@ -1718,7 +1671,7 @@ mod tests {
             );
             k
         };
-        assert!(key(1).len() <= INLINE && key(3).len() > INLINE);
+        assert!(key(1).len() <= key_index::INLINE && key(3).len() > key_index::INLINE);
         let ids: Vec<u32> = (0..20_000).map(|i| t.intern(&key(i))).collect();
         // Removing all but every tenth key leaves more holes than keys: the buffer is
         // compacted (more than once) on the way.

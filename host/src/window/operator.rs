@@ -382,6 +382,13 @@ impl WindowOperator {
         self.batch.len()
     }
 
+    /// Ask for the place of an encoded key in the key index ahead of its lookup (see
+    /// [`crate::state::KeyTable::prefetch_key`]).
+    #[inline(always)]
+    pub fn prefetch_key(&self, key: &[u8]) {
+        self.keys.prefetch_key(key);
+    }
+
     /// The id of an encoded key; a key seen for the first time is checked to be UTF-8
     /// (keys are built from raw input bytes) and interned.
     #[inline(always)]

@@ -119,21 +119,24 @@ impl FileSource {
         }
     }
 
-    /// The next records, offered first to `take` where each starts: `take` gets the input
-    /// from there on (the rest of the file as far as it is mapped or read, many records)
-    /// and the record's position, and may take the record itself when it can tell where
-    /// it ends, returning its length; the bytes at that length must be a line break (`\n`
-    /// or `\r\n`), and none may come before it (the record is the line the newline search
-    /// would find: [`crate::source::json::Projection::scan_framed`]). Otherwise (None) the
-    /// record is found by its line break and returned, as [`FileSource::next_record`] does.
+    /// The next records, offered first to `take` where they start: `take` gets the input
+    /// from there on (the rest of the file as far as it is mapped or read, many records),
+    /// the first record's position and how many records it may take, and may take records
+    /// one after another from the start when it can tell where each ends: it counts them
+    /// and the bytes they cover in its [`Took`] (the record `k` after the first is at line
+    /// `pos.line + k`, at the offset of the bytes before it). Each must be followed by a
+    /// line break (`\n` or `\r\n`) and hold none (it is the line the newline search would
+    /// find: [`crate::source::json::Projection::scan_framed`]). The first record it does
+    /// not take is found by its line break and returned, as [`FileSource::next_record`]
+    /// does.
     ///
-    /// Up to `most` records (at least one) in a row, when there is one file: its records
-    /// are offered one after another while `take` takes them, in one call (a call and the
-    /// job loop's checks for each record cost about 100 instructions of its ~2 400).
-    /// The first record it does not take ends the run, found by its line break and
-    /// returned ([`Framed::Record`]), one of the `most`; [`Framed::Taken`]: `take` took
-    /// the records read (at least one). Several files give one record a call, from each in
-    /// turn.
+    /// Up to `most` records (at least one) in a row, when there is one file: offered
+    /// again after the records `take` took while it takes some (it may stop at the end of
+    /// the input it was given), in one call (a call and the job loop's checks for each
+    /// record cost about 100 instructions of its ~2 400). The first record it does not
+    /// take ends the run, found by its line break and returned ([`Framed::Record`]), one
+    /// of the `most`; [`Framed::Taken`]: `take` took the records read (at least one).
+    /// Several files give one record a call, from each in turn.
     pub fn next_records_framed(
         &mut self,
         most: u64,

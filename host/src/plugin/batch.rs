@@ -737,6 +737,9 @@ impl Batch {
             &mut self.groups,
             keys,
             call_groups.iter().zip(slots).enumerate().map(|(i, (&(k, id), &h))| {
+                if let Some(&(further, _)) = call_groups.get(i + 2 * PREFETCH_DISTANCE) {
+                    keys.prefetch_span(further);
+                }
                 if let (Some(&(ahead, _)), Some(&at)) =
                     (call_groups.get(i + PREFETCH_DISTANCE), slots.get(i + PREFETCH_DISTANCE))
                 {

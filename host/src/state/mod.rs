@@ -250,6 +250,18 @@ impl KeyTable {
         self.index.prefetch(self.hasher.hash(encoded));
     }
 
+    /// Ask for where a key lies ahead of [`Self::prefetch`]: a loop over many keys asks
+    /// for this twice as far ahead, so that the prefetch of the key's bytes does not wait
+    /// for it.
+    #[inline(always)]
+    pub(crate) fn prefetch_span(&self, id: u32) {
+        if let Some(span) =
+            self.spans.get(id as usize / SPAN_CHUNK).and_then(|c| c.get(id as usize % SPAN_CHUNK))
+        {
+            prefetch(span);
+        }
+    }
+
     /// Ask for a key's bytes ahead of reading them (see [`prefetch`]).
     #[inline(always)]
     pub(crate) fn prefetch(&self, id: u32) {
@@ -700,6 +712,16 @@ impl PeriodMap {
         self.period(id)?.slots.get(key)
     }
 
+    /// Ask for the entry of `(key, id)` ahead of its reading (a dense period's).
+    #[inline]
+    fn prefetch(&self, key: u32, id: i64) {
+        if let Some(PeriodEntries::Dense(v)) = self.period(id).map(|p| &p.slots) {
+            if let Some(e) = v.get(key as usize) {
+                prefetch(e);
+            }
+        }
+    }
+
     /// Add the entry of `(key, id)`, known to be absent (`h` is not [`NO_SLOT`]).
     pub(crate) fn insert(&mut self, key: u32, id: i64, h: u32) {
         let at = match self.list.binary_search_by_key(&id, |p| p.id) {
@@ -962,6 +984,20 @@ impl WindowState {
     pub(crate) fn prefetch(&self, h: SlotHandle) {
         if let Some(e) = self.slab.get(h as usize) {
             prefetch(e);
+        }
+    }
+
+    /// Ask for what [`Self::remove`] of `(key, id)`, whose slot is `h`, reads: the slot,
+    /// its index entry and the key's count of slots (a loop that removes the slots of many
+    /// keys asks for those some items ahead).
+    #[inline(always)]
+    pub(crate) fn prefetch_removal(&self, key: u32, id: i64, h: SlotHandle) {
+        self.prefetch(h);
+        if let SlotIndex::ByPeriod(p) = &self.index {
+            p.prefetch(key, id);
+        }
+        if let Some(n) = self.per_key.get(key as usize) {
+            prefetch(n);
         }
     }
 

@@ -1295,7 +1295,10 @@ impl WindowOperator {
             Err(e) => return Err(e),
         };
         self.batch.take_laid_out();
-        for &(k, _, (id, _)) in &windows {
+        for (i, &(k, _, (id, _))) in windows.iter().enumerate() {
+            if let Some(&(k, _, (id, h))) = windows.get(i + PREFETCH_DISTANCE) {
+                self.state.prefetch_removal(k, id, h);
+            }
             self.drop_slot(k, id);
         }
         self.counters.windows_fired += windows.len() as u64;

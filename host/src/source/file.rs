@@ -40,7 +40,7 @@ pub struct FileSource {
     records: u64,
 }
 
-/// What a record's input is offered to: its length when it takes the record there.
+/// What the input ahead is offered to: it takes records there, counted in its [`Took`].
 type Take = fn(&[u8], Position, u64, &mut Took) -> Result<()>;
 
 impl FileSource {

@@ -1934,6 +1934,18 @@ mod tests {
             assert_eq!(out[0], Some(Scalar::Int(1)));
         }
         assert!(p.frames());
+        // A look ahead that cannot take a record counts for nothing (the record is offered
+        // to `scan_framed` again), and one that takes a record resets nothing.
+        for _ in 0..3 * FRAMED_MISSES {
+            assert_eq!(p.peek_framed(nested, &mut out), None);
+        }
+        assert!(p.frames());
+        for _ in 0..FRAMED_MISSES - 1 {
+            assert_eq!(p.scan_framed(nested, &mut out), None);
+        }
+        assert_eq!(p.peek_framed(plain, &mut out), Some(plain.len() / 2 - 1));
+        assert_eq!(p.scan_framed(nested, &mut out), None);
+        assert!(!p.frames());
     }
 
     #[test]

@@ -223,8 +223,8 @@ fn scan_separated<'a>(shape: &Shape, b: &'a [u8], out: &mut [Option<Scalar<'a>>]
         };
         match first {
             b'"' => {
-                let end = stop_after_quote(b, i);
-                match b.get(end) {
+                let (end, stop) = stop_after_quote(b, i);
+                match stop {
                     Some(b'"') => {
                         // SAFETY: `i < end < b.len()`.
                         put(out, Scalar::Str { raw: unsafe { b.get_unchecked(i + 1..end) }, escaped: false });
@@ -288,24 +288,34 @@ fn scan_separated<'a>(shape: &Shape, b: &'a [u8], out: &mut [Option<Scalar<'a>>]
 }
 
 /// [`find_stop`] from the byte after the quote at `i`, with [`ROOM`] bytes in `b` from up
-/// to [`SEP_BYTES`] bytes before `i`: the first 16 bytes, which hold most strings of a
-/// record, are compared without a bounds check. (32 bytes, for the longer strings too,
-/// measured the same.)
+/// to [`SEP_BYTES`] bytes before `i`, and the byte it stops at (None at the input's end):
+/// the first 16 bytes, which hold most strings of a record, are compared without a bounds
+/// check, and what stopped the string is told by the same compare rather than by reading
+/// the byte there, a load that would wait for the compare (the scan is a chain of such
+/// waits). (32 bytes, for the longer strings too, measured the same.)
 #[inline(always)]
-fn stop_after_quote(b: &[u8], i: usize) -> usize {
+fn stop_after_quote(b: &[u8], i: usize) -> (usize, Option<u8>) {
     #[cfg(target_arch = "x86_64")]
     {
         debug_assert!(i + 17 <= b.len());
         // SAFETY: SSE2 is part of x86-64; the 16 bytes from `i + 1` lie in the room
         // (`i + 17 <= ` its end).
-        let m = unsafe { stops_16(b.as_ptr().add(i + 1)) };
+        let (m, quotes) = unsafe { stops_and_quotes_16(b.as_ptr().add(i + 1)) };
         if m != 0 {
-            return i + 1 + m.trailing_zeros() as usize;
+            let at = m.trailing_zeros();
+            // A quote, else a backslash or a control character (the caller tells those
+            // apart only by whether it is a backslash: read it then, off the common way).
+            let stop = if quotes >> at & 1 == 1 { b'"' } else { b[i + 1 + at as usize] };
+            return (i + 1 + at as usize, Some(stop));
         }
-        find_stop(b, i + 17)
+        let end = find_stop(b, i + 17);
+        (end, b.get(end).copied())
     }
     #[cfg(not(target_arch = "x86_64"))]
-    find_stop(b, i + 1)
+    {
+        let end = find_stop(b, i + 1);
+        (end, b.get(end).copied())
+    }
 }
 
 /// Bytes [`scan_separated`] needs from where a field's separator starts: the separator's
@@ -340,16 +350,14 @@ fn short_integer(b: &[u8], i: usize, first: u8) -> Short {
     let digits = i + usize::from(first == b'-');
     // SAFETY: `digits + 16 <= i + 17`, within the room ([`ROOM`] bytes from at most
     // `SEP_BYTES` before `i`).
-    let n = match short_digit_run(unsafe { b.get_unchecked(digits..digits + 16) }, 0) {
-        Some(n) => n,
-        None => return Short::Other,
-    };
-    // SAFETY: `n < 16`: `digits + n` is in the room, as is `digits`.
-    let (lead, after) = unsafe { (*b.get_unchecked(digits), *b.get_unchecked(digits + n)) };
+    let run = unsafe { b.get_unchecked(digits..digits + 16) };
+    let Some((n, fraction)) = short_digit_run_to(run) else { return Short::Other };
+    // SAFETY: `digits` is in the room.
+    let lead = unsafe { *b.get_unchecked(digits) };
     if n == 0 || (n > 1 && lead == b'0') {
         return Short::Invalid;
     }
-    if matches!(after, b'.' | b'e' | b'E') {
+    if fraction {
         return Short::Fraction { digits, int_end: digits + n };
     }
     Short::Int { digits, n, end: digits + n }
@@ -788,6 +796,24 @@ fn find_stop(b: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// [`stops_16`], and the bits of the quotes alone.
+///
+/// # Safety
+/// 16 bytes at `p` must be readable.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn stops_and_quotes_16(p: *const u8) -> (u32, u32) {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
+    };
+    let x = _mm_loadu_si128(p.cast());
+    let q = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'"' as i8));
+    let s = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'\\' as i8));
+    // Below 0x20: the unsigned minimum with 0x1f is the byte itself.
+    let c = _mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(0x1f)), x);
+    (_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(q, s), c)) as u32, _mm_movemask_epi8(q) as u32)
+}
+
 /// Bit `k` set where byte `k` of the 16 at `p` is a `"`, a `\\` or a control character.
 ///
 /// # Safety
@@ -946,6 +972,38 @@ fn short_digit_run(b: &[u8], i: usize) -> Option<usize> {
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (b, i);
+        None
+    }
+}
+
+/// [`short_digit_run`] at the start of `b` (16 bytes or more), and whether the byte after
+/// the digits is a `.`, an `e` or an `E` (a fraction or an exponent follows), told by the
+/// same compare rather than by reading that byte (a load that would wait for the count).
+#[inline(always)]
+fn short_digit_run_to(b: &[u8]) -> Option<(usize, bool)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            _mm_add_epi8, _mm_cmpeq_epi8, _mm_cmpgt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128,
+            _mm_set1_epi8,
+        };
+        let chunk = b.get(..16)?;
+        // SAFETY: SSE2 is part of x86-64; the load reads the 16 bytes of `chunk`. Digits
+        // as in `short_digit_run`; `e` and `E` differ by the bit 0x20 only.
+        let (others, tails) = unsafe {
+            let x = _mm_loadu_si128(chunk.as_ptr().cast());
+            let shifted = _mm_add_epi8(x, _mm_set1_epi8(0x46));
+            let others = _mm_movemask_epi8(_mm_cmpgt_epi8(_mm_set1_epi8(118), shifted)) as u32;
+            let e = _mm_cmpeq_epi8(_mm_or_si128(x, _mm_set1_epi8(0x20)), _mm_set1_epi8(b'e' as i8));
+            let dot = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'.' as i8));
+            (others, _mm_movemask_epi8(_mm_or_si128(e, dot)) as u32)
+        };
+        let len = others.trailing_zeros() as usize;
+        (len < 16).then_some((len, tails >> len & 1 == 1))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = b;
         None
     }
 }

@@ -303,7 +303,9 @@ impl Job {
                 return Ok(());
             };
             let after = end + line_break;
-            crate::source::prefetch_after(ahead, after);
+            // From this record's start, as the reader did record by record: the lines
+            // behind it are let go, never its own.
+            crate::source::prefetch_after(ahead, at);
             let next_len = if took.records + 1 < most {
                 self.decoder.projection.peek_framed(&ahead[after..], next)
             } else {

@@ -393,9 +393,8 @@ impl KafkaSource {
     ///
     /// Up to `most` records (at least one) in a call, as a file's (the partitions still
     /// in turn, a record from each; one message an offer, `take` may take one): the first
-    /// one `take` declines ends the run and is
-    /// returned ([`Framed::Record`]); the end of a partition ends it too. [`Framed::Taken`]:
-    /// `take` took every record read.
+    /// one `take` declines ends the run and is returned ([`Framed::Record`]); the end of a
+    /// partition ends it too. [`Framed::Taken`]: `take` took every record read.
     pub fn next_records_framed(
         &mut self,
         most: u64,

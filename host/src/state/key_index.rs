@@ -187,10 +187,15 @@ impl KeyIndex {
         if want.saturating_mul(LOAD_DEN) <= self.entries.len().saturating_mul(LOAD_NUM) {
             return;
         }
-        let mut cap = self.entries.len().max(16);
-        while want.saturating_mul(LOAD_DEN) > cap.saturating_mul(LOAD_NUM) {
-            cap *= 2;
-        }
+        // The least power of two (16 at least) it fits in; one past any size (an
+        // allocation that fails, as hashbrown's would) rather than a doubling that wraps.
+        let cap = want
+            .saturating_mul(LOAD_DEN)
+            .div_ceil(LOAD_NUM)
+            .max(16)
+            .max(self.entries.len())
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX);
         let old = std::mem::replace(&mut self.entries, vec![EMPTY; cap].into_boxed_slice());
         for e in old.iter().filter(|e| e.id != VACANT) {
             self.place(*e);

@@ -821,15 +821,8 @@ unsafe fn stops_and_quotes_16(p: *const u8) -> (u32, u32) {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn stops_16(p: *const u8) -> u32 {
-    use std::arch::x86_64::{
-        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
-    };
-    let x = _mm_loadu_si128(p.cast());
-    let q = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'"' as i8));
-    let s = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'\\' as i8));
-    // Below 0x20: the unsigned minimum with 0x1f is the byte itself.
-    let c = _mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(0x1f)), x);
-    _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(q, s), c)) as u32
+    // SAFETY: the caller's; the quotes' mask, unused, is compiled away.
+    unsafe { stops_and_quotes_16(p) }.0
 }
 
 /// After a backslash at `i - 1`: the index after the escape.
@@ -953,27 +946,8 @@ fn int_value(b: &[u8], at: usize, n: usize) -> u64 {
 /// `b` has not 16 bytes there or they are all digits.
 #[inline(always)]
 fn short_digit_run(b: &[u8], i: usize) -> Option<usize> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{
-            _mm_add_epi8, _mm_cmpgt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
-        };
-        let chunk = b.get(i..i.checked_add(16)?)?;
-        // SAFETY: SSE2 is part of x86-64; the load reads the 16 bytes of `chunk`. Adding
-        // 0x46 takes '0'..='9' to 118..=127 (as signed bytes) and every other byte below
-        // 118 (wrapping): the bytes below 118 are the ones that are not digits.
-        let others = unsafe {
-            let x = _mm_add_epi8(_mm_loadu_si128(chunk.as_ptr().cast()), _mm_set1_epi8(0x46));
-            _mm_movemask_epi8(_mm_cmpgt_epi8(_mm_set1_epi8(118), x)) as u32
-        };
-        let len = others.trailing_zeros() as usize;
-        (len < 16).then_some(len)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (b, i);
-        None
-    }
+    // (What follows the digits, unused here, is compiled away.)
+    short_digit_run_to(b.get(i..i.checked_add(16)?)?).map(|(n, _)| n)
 }
 
 /// [`short_digit_run`] at the start of `b` (16 bytes or more), and whether the byte after
@@ -988,8 +962,10 @@ fn short_digit_run_to(b: &[u8]) -> Option<(usize, bool)> {
             _mm_set1_epi8,
         };
         let chunk = b.get(..16)?;
-        // SAFETY: SSE2 is part of x86-64; the load reads the 16 bytes of `chunk`. Digits
-        // as in `short_digit_run`; `e` and `E` differ by the bit 0x20 only.
+        // SAFETY: SSE2 is part of x86-64; the load reads the 16 bytes of `chunk`. Adding
+        // 0x46 takes '0'..='9' to 118..=127 (as signed bytes) and every other byte below
+        // 118 (wrapping): the bytes below 118 are the ones that are not digits. `e` and
+        // `E` differ by the bit 0x20 only.
         let (others, tails) = unsafe {
             let x = _mm_loadu_si128(chunk.as_ptr().cast());
             let shifted = _mm_add_epi8(x, _mm_set1_epi8(0x46));

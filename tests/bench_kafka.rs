@@ -153,8 +153,9 @@ fn main() {
 
     // The same records read again by new jobs (their own checkpoints and groups): the
     // CPU one run takes varies with what the broker, sharing the machine's two cores,
-    // does meanwhile (1M records, runs back to back: 0.66 to 0.83 s profile-guided), so the best of
-    // several runs is the figure, as for the file path's cases, and the median is shown.
+    // does meanwhile (1M records, runs back to back: 0.66 to 0.83 s profile-guided), so
+    // the best of several runs is the figure, as for the file path's cases, and the
+    // median is shown.
     let runs: usize = std::env::var("KM0_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
     let wrap = std::env::var("KM0_BENCH_WRAP").ok();
     let mut cpu = Vec::new();

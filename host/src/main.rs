@@ -673,6 +673,39 @@ fn print_summary(s: &Summary) {
     }
 }
 
+/// Write the generated input to disk and drop it from the page cache, so that the job
+/// reads it as a file on disk: the kernel reads it ahead into 2 MiB pages, which km0 maps
+/// whole (`source::mapped`). Left where its writer put it, the file sits in the page cache
+/// in pieces the size of the generator's writes, each mapped and given back page by page:
+/// on 10 000 keys, the best of 7 runs took 0.459-0.572 s of CPU (five rounds, interleaved)
+/// against 0.446-0.471 evicted. An `--input` file is read as it is. Failure leaves the
+/// file cached (a slower reading, no error).
+fn evict(file: &std::fs::File) {
+    use std::os::fd::AsRawFd;
+    if file.sync_all().is_ok() {
+        // SAFETY: advice on an open file descriptor; it changes no data.
+        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+}
+
+/// The benchmark's folder (generated input, results), removed on every way out of
+/// [`bench`], an error included.
+struct BenchDir(PathBuf);
+
+impl BenchDir {
+    fn create() -> Result<BenchDir> {
+        let dir = std::env::temp_dir().join(format!("km0-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        Ok(BenchDir(dir))
+    }
+}
+
+impl Drop for BenchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn bench(
     pipeline: &Path,
     input: Option<PathBuf>,
@@ -687,8 +720,8 @@ fn bench(
     }
     let events = stock.events;
     let p = load(pipeline)?;
-    let tmp = std::env::temp_dir().join(format!("km0-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
+    let dir = BenchDir::create()?;
+    let tmp = &dir.0;
     let input = match input {
         Some(i) => i,
         None => {
@@ -710,6 +743,7 @@ fn bench(
                 }
                 other => bail!("unknown --stream {other:?}: stock or delivery"),
             }
+            evict(&f);
             path
         }
     };
@@ -720,10 +754,7 @@ fn bench(
     let yardstick_input = match reference {
         true => match std::fs::read(&input) {
             Ok(data) => Some(data),
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
-                return Err(e).with_context(|| format!("read {}", input.display()));
-            }
+            Err(e) => return Err(e).with_context(|| format!("read {}", input.display())),
         },
         false => None,
     };
@@ -755,7 +786,7 @@ fn bench(
             best = Some(s);
         }
     }
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(dir);
     let Some(b) = best else { bail!("no run") };
     let secs = b.cpu.as_secs_f64().max(1e-9);
     println!(

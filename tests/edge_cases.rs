@@ -2,7 +2,8 @@
 //! spelling of the pipeline's path, a watermark raised by an unparseable record, sessions
 //! merged within the allowed lateness, extreme timestamps, deploying into one of two
 //! aggregations. Each scenario is small and hand-made; the expected output is worked out
-//! from the semantics (or is an uninterrupted run's output).
+//! from the semantics (or is an uninterrupted run's output). And a benchmark that fails
+//! leaves no files behind.
 
 use km0::job::{self, RunOptions, Summary};
 use km0::pipeline::Pipeline;
@@ -490,4 +491,36 @@ fn records_taken_in_a_row_keep_their_own_line_and_offset_in_the_side_outputs() {
     }
     assert!(want.iter().filter(|w| w.0 == "late").count() > 20);
     assert_eq!(s.counters.late as usize, want.iter().filter(|w| w.0 == "late").count());
+}
+
+#[test]
+fn a_benchmark_leaves_no_folder_behind_when_it_fails_or_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let mut job = StockJob::new("2m", 10);
+    // Its plugin is missing: the job fails after the benchmark wrote its input.
+    let plugin = std::mem::replace(&mut job.plugin, dir.path().join("missing.wasm"));
+    let bad = dir.path().join("bad.toml");
+    std::fs::rename(job.write(dir.path()), &bad).unwrap();
+    job.plugin = plugin;
+    let good = job.write(dir.path());
+    let bench = |pipeline: &Path| {
+        Command::new(km0_bin())
+            .arg("bench")
+            .arg(pipeline)
+            .args(["--events", "2000", "--repeat", "1"])
+            .env("TMPDIR", &tmp)
+            .output()
+            .unwrap()
+    };
+    let out = bench(&bad);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("missing.wasm"), "{err}");
+    let left = |tmp: &Path| std::fs::read_dir(tmp).unwrap().map(|e| e.unwrap().path()).collect::<Vec<_>>();
+    assert_eq!(left(&tmp), Vec::<std::path::PathBuf>::new());
+    let out = bench(&good);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2000 records"));
+    assert_eq!(left(&tmp), Vec::<std::path::PathBuf>::new());
 }

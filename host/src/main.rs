@@ -130,7 +130,9 @@ enum Command {
         /// What to generate: `stock` (stock-alert) or `delivery` (delivery panel).
         #[arg(long, default_value = "stock")]
         stream: String,
-        #[arg(long, default_value_t = 3)]
+        /// Runs over the input; the best one is reported. (The first run over a generated
+        /// input reads it from disk.)
+        #[arg(long, default_value_t = 5)]
         repeat: u32,
         /// Stock stream: products and markets (keys = products x markets; default 50 x 20).
         #[arg(long)]

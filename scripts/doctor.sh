@@ -24,6 +24,8 @@ if [ "${1:-}" != --build ]; then
   else line MISSING tansu "scripts/install-tansu.sh"; fi
   if km0_has_chromium; then line ok chromium "$(command -v "${KM0_CHROMEDRIVER:-chromedriver}") (web UI test)"
   else line MISSING chromium "apt-get install -y chromium chromium-driver (scripts/install-chromium.sh)"; fi
+  if km0_has_prometheus_client; then line ok prometheus-client "python3 (the metrics tests' parser)"
+  else line MISSING prometheus-client "python3 -m pip install prometheus-client==0.26.0 (scripts/test.sh)"; fi
   if km0_has_postgres; then line ok postgresql "$(ls -d /usr/lib/postgresql/*/bin | head -n1) (PostgreSQL tests)"
   else line MISSING postgresql "apt-get install -y postgresql (scripts/install-postgres.sh)"; fi
 fi

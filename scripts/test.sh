@@ -19,6 +19,12 @@ tansu_pid=$!
 # PostgreSQL, which the PostgreSQL tests start, and the browser the web UI's test drives.
 ./scripts/install-postgres.sh
 ./scripts/install-chromium.sh
+# The Prometheus project's parser of the metrics text (tests/control_hostile.rs).
+. scripts/lib/prereqs.sh
+if ! km0_has_prometheus_client; then
+  echo "== installing prometheus-client (PyPI)"
+  python3 -m pip install --quiet "prometheus-client==0.26.0"
+fi
 echo "== cargo test --no-run (release)"
 cargo test --release --locked --workspace --no-run
 if ! wait "$tansu_pid"; then

@@ -296,7 +296,9 @@ pub mod model {
         pub key: String,
         pub start: i64,
         pub end: i64,
-        /// The window's accepted events in event-time order (ties: arrival order).
+        /// The window's accepted events in event-time order (ties: arrival order). Empty:
+        /// a retraction of the result written under this start (a session that fired
+        /// and then merged under another start).
         pub events: Vec<Ev>,
     }
 
@@ -348,11 +350,19 @@ pub mod model {
         last_record: u64,
     }
 
+    /// A key's session (seed 002: a silence longer than the gap opens a new one): its
+    /// first and last event times; it takes an event within `gap` of either side, and it is
+    /// complete once the watermark has passed `last + gap` (no event it could take can
+    /// come: an event is late once the watermark is past it).
     struct Session {
-        start: i64,
-        end: i64,
+        first: i64,
+        last: i64,
         events: Vec<Ev>,
-        fire_at: Option<i64>,
+        /// Waiting to fire (false once it has, until it changes again).
+        armed: bool,
+        /// Its result has been written under its `first` (README: a session that fired and
+        /// then merges under another start has that result retracted).
+        written: bool,
     }
 
     /// Run the model; `partitions` are known from the start (files), more appear as
@@ -506,24 +516,28 @@ pub mod model {
                     self.emit(fired);
                     self.panes.retain(|(_, p), _| (p + size).saturating_add(lateness) > wm);
                 }
-                Kind::Session(_) => {
+                Kind::Session(gap) => {
+                    // Complete once the watermark is past `last + gap`: the half-open window
+                    // `[first, last + gap + 1)`, whose end is what results are ordered by.
                     let mut due = Vec::new();
                     for (k, list) in self.sessions.iter_mut() {
                         for s in list.iter_mut() {
-                            if s.fire_at.is_some_and(|f| f <= wm) {
-                                s.fire_at = None;
+                            if s.armed && s.last + gap < wm {
+                                s.armed = false;
+                                s.written = true;
                                 due.push(Fired {
                                     key: k.clone(),
-                                    start: s.start,
-                                    end: s.end,
+                                    start: s.first,
+                                    end: s.last + gap + 1,
                                     events: s.events.clone(),
                                 });
                             }
                         }
                     }
                     self.emit(due);
+                    // Kept while an event could still join it within the allowed lateness.
                     for list in self.sessions.values_mut() {
-                        list.retain(|s| s.end.saturating_add(lateness) > wm);
+                        list.retain(|s| (s.last + gap).saturating_add(lateness) >= wm);
                     }
                     self.sessions.retain(|_, l| !l.is_empty());
                 }
@@ -576,14 +590,17 @@ pub mod model {
                     self.emit(refire);
                 }
                 Kind::Session(gap) => {
-                    let (own_s, own_e) = (ev.t, ev.t + gap);
+                    // The sessions the event joins: those it is within `gap` of.
                     let list = self.sessions.entry(ev.key.clone()).or_default();
-                    let (mut s, mut e) = (own_s, own_e);
-                    for x in list.iter().filter(|x| x.start < own_e && own_s < x.end) {
-                        s = s.min(x.start);
-                        e = e.max(x.end);
+                    let joins = |x: &Session| x.first - gap <= ev.t && ev.t <= x.last + gap;
+                    let (mut first, mut last) = (ev.t, ev.t);
+                    for x in list.iter().filter(|x| joins(x)) {
+                        first = first.min(x.first);
+                        last = last.max(x.last);
                     }
-                    if e + lateness <= wm {
+                    // Late: the session it would be in was complete before the allowed
+                    // lateness ran out.
+                    if (last + gap).saturating_add(lateness) < wm {
                         self.out.late += 1;
                         if list.is_empty() {
                             self.sessions.remove(&ev.key);
@@ -591,13 +608,19 @@ pub mod model {
                         return;
                     }
                     let mut events = Vec::new();
-                    let mut old_bounds = None;
+                    let mut earliest: Option<(i64, i64, bool)> = None;
                     let mut kept = Vec::new();
+                    let mut retracted = Vec::new();
+                    let mut written = false;
                     for x in list.drain(..) {
-                        if x.start < own_e && own_s < x.end {
-                            if old_bounds.is_none_or(|(os, _, _): (i64, i64, Option<i64>)| x.start < os) {
-                                old_bounds = Some((x.start, x.end, x.fire_at));
+                        if joins(&x) {
+                            if earliest.is_none_or(|(f, _, _)| x.first < f) {
+                                earliest = Some((x.first, x.last, x.armed));
                             }
+                            if x.written && x.first != first {
+                                retracted.push(x.first);
+                            }
+                            written |= x.written && x.first == first;
                             events.extend(x.events);
                         } else {
                             kept.push(x);
@@ -605,14 +628,36 @@ pub mod model {
                     }
                     *list = kept;
                     events.push(ev.clone());
-                    // The earliest merged session keeps its timer unless its bounds change.
-                    let fire_at = match old_bounds {
-                        Some((os, oe, f)) if os == s && oe == e => f,
-                        _ => (e > wm).then_some(e),
+                    let complete = last + gap < wm;
+                    // A session that fired fires again when it changes; one that did not
+                    // waits for the watermark.
+                    let armed = match earliest {
+                        Some((f, l, armed)) if f == first && l == last => armed,
+                        _ => !complete,
                     };
-                    list.push(Session { start: s, end: e, events: events.clone(), fire_at });
-                    if e <= wm {
-                        self.emit(vec![Fired { key: ev.key.clone(), start: s, end: e, events }]);
+                    list.push(Session {
+                        first,
+                        last,
+                        events: events.clone(),
+                        armed,
+                        written: written || complete,
+                    });
+                    retracted.sort_unstable();
+                    for start in retracted {
+                        self.out.fired.push(Fired {
+                            key: ev.key.clone(),
+                            start,
+                            end: start,
+                            events: Vec::new(),
+                        });
+                    }
+                    if complete {
+                        self.emit(vec![Fired {
+                            key: ev.key.clone(),
+                            start: first,
+                            end: last + gap + 1,
+                            events,
+                        }]);
                     }
                 }
             }

@@ -83,6 +83,48 @@ fn ev(v: &serde_json::Value) -> Ev {
     }
 }
 
+/// Riders whose positions are, one after another, exactly the session gap (3 min) apart,
+/// 1 ms less or 1 ms more, or closer; most arrive within 2 s of their time, one in eight
+/// up to 21 minutes later (late events, and sessions bridged after they fired). In three
+/// files.
+fn edge_gaps(riders: u64, positions: u64) -> Case {
+    const GAP: i64 = 180_000;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut events = Vec::new();
+    for r in 0..riders {
+        let mut t = 1_757_000_000_000i64 + r as i64 * 7_000;
+        for _ in 0..positions {
+            let arrival = t + if next(8) == 0 { 60_000 + next(1_200_000) } else { next(2_000) } as i64;
+            events.push((arrival, t, r));
+            t += match next(4) {
+                0 => GAP - 1,
+                1 => GAP,
+                2 => GAP + 1,
+                _ => 1_000 + next(60_000) as i64,
+            };
+        }
+    }
+    events.sort();
+    let dir = tempfile::tempdir().unwrap();
+    let mut parts = vec![String::new(), String::new(), String::new()];
+    for (arrival, t, r) in events {
+        parts[(r % 3) as usize].push_str(&format!(
+            "{{\"repartidor\": \"moto-{r}\", \"lat\": 40.4, \"lon\": -3.7, \"fecha_ms\": {t}, \"llegada_ms\": {arrival}}}\n"
+        ));
+    }
+    let files: Vec<PathBuf> = (0..3).map(|p| dir.path().join(format!("p{p}.jsonl"))).collect();
+    for (f, text) in files.iter().zip(&parts) {
+        std::fs::write(f, text).unwrap();
+    }
+    Case { dir, files, by_field: false }
+}
+
 impl Case {
     fn pipeline(&self, window: &str, plugin_name: &str, delay: &str, idle_after: u64) -> Pipeline {
         self.pipeline_of(window, &plugin(plugin_name), delay, idle_after)
@@ -181,9 +223,27 @@ fn run(p: &Pipeline, opts: RunOptions) -> Summary {
 
 /// Compare km0's results with the model's, record by record, in order.
 fn assert_same(got: &[(String, serde_json::Value)], want: &model::Outcome, plugin_name: &str) {
+    if std::env::var("KM0_DEBUG_MODEL").is_ok() {
+        for (i, (k, v)) in got.iter().enumerate() {
+            eprintln!("got {i} {k} {v}");
+        }
+        for (i, f) in want.fired.iter().enumerate() {
+            eprintln!(
+                "want {i} {}|{} {} {:?}",
+                f.start,
+                f.key,
+                f.end,
+                f.events.iter().map(|e| e.t).collect::<Vec<_>>()
+            );
+        }
+    }
     assert_eq!(got.len(), want.fired.len(), "number of results");
     for (i, ((key, value), f)) in got.iter().zip(&want.fired).enumerate() {
         assert_eq!(key, &format!("{}|{}", f.start, f.key), "result {i}");
+        if f.events.is_empty() {
+            assert!(value.is_null(), "result {i} {key}: a retraction");
+            continue;
+        }
         assert_eq!(value["posiciones"], f.events.len(), "result {i} {key}");
         match plugin_name {
             "distance" => {
@@ -303,6 +363,14 @@ fn sliding_with_allowed_lateness_matches_the_model() {
 #[test]
 fn sessions_match_the_model() {
     check_against_model(by_field(40, 90), SESSION, Kind::Session(180_000), "session-gap", 0);
+}
+
+#[test]
+fn sessions_split_only_on_a_silence_longer_than_the_gap() {
+    // Gaps of exactly 3 min, 1 ms less and 1 ms more, with and without allowed lateness.
+    check_against_model(edge_gaps(30, 60), SESSION, Kind::Session(180_000), "session-gap", 0);
+    let window = format!("{SESSION}\nallowed_lateness = \"5m\"");
+    check_against_model(edge_gaps(30, 60), &window, Kind::Session(180_000), "session-gap", 300_000);
 }
 
 #[test]

@@ -245,6 +245,7 @@ const PURGE_DELAY_MS: std::ffi::c_long = 100;
 fn main() {
     // SAFETY: sets an option mimalloc reads when it purges; any value is valid.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) };
+    raise_open_files_limit();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KM0_LOG")
@@ -259,6 +260,19 @@ fn main() {
     }
 }
 
+/// Open files: the soft limit raised to the hard one (at most 65 536), as servers do, so
+/// that RocksDB's files, the sinks and the control API's connections have room.
+fn raise_open_files_limit() {
+    let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit with a valid pointer to a local.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max.min(65_536) {
+            l.rlim_cur = l.rlim_max.min(65_536);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+}
+
 /// Start the control API for a run (`--http`), unless it is `off`.
 /// Run a job with its control API and the stop-on-signal handlers.
 fn serve_job(
@@ -267,6 +281,8 @@ fn serve_job(
     from_savepoint: Option<PathBuf>,
     go: impl FnOnce(&Pipeline, &RunOptions, &PluginRuntime) -> km0::Result<job::Summary>,
 ) -> Result<job::Summary> {
+    // One process per state folder: a second would clear the first's (and its token).
+    let _lock = km0::state::lock::StateLock::acquire(&p.state.dir)?;
     let runtime = std::sync::Arc::new(PluginRuntime::new()?);
     job::signals::stop_with_savepoint_on_signals();
     let http = args.http.clone();
@@ -283,7 +299,7 @@ fn serve_job(
         bar.finish();
     }
     if let Some(c) = &opts.control {
-        c.wait_for_answers();
+        c.close();
     }
     Ok(summary?)
 }
@@ -350,7 +366,7 @@ fn control(
         deployer.max_bytes = max;
     }
     handle.deployer = Some(std::sync::Arc::new(deployer));
-    match km0::control::serve(parsed, token, handle.clone()) {
+    match km0::control::serve(parsed, token, pipeline.control.allowed_hosts.clone(), handle.clone()) {
         Ok(bound) => {
             eprintln!("km0: control API on http://{bound}");
             Ok(Some(handle))

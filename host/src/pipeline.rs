@@ -39,6 +39,24 @@ pub struct ControlSpec {
     pub http: Option<String>,
     /// The largest plugin component a live deploy takes, bytes.
     pub max_upload_bytes: Option<usize>,
+    /// Host names the API answers besides IP addresses and `localhost` (a request naming
+    /// another host is refused: DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// A file name for a job's name, one name to one file name: ASCII letters, digits and `-`
+/// stay, every other byte is written `_` and two hex digits (`shop.a` is `shop_2ea`,
+/// `shop_a` is `shop_5fa`).
+pub fn folder_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("_{b:02x}"));
+        }
+    }
+    out
 }
 
 /// `[state]`: the state backend.
@@ -289,6 +307,8 @@ struct RawControl {
     http: Option<String>,
     #[serde(default)]
     max_upload_mb: Option<usize>,
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -792,15 +812,12 @@ impl Pipeline {
             // RocksDB by default for unbounded sources, as the issue of large state is theirs.
             backend: raw_state.backend.unwrap_or(if follows { Backend::Rocksdb } else { Backend::Memory }),
             // The working copy is rebuilt from the checkpoints at every start: one folder
-            // per job, so jobs in one folder never clear each other's.
-            dir: raw_state.dir.map(|d| resolve(&d)).unwrap_or_else(|| {
-                let folder: String = raw
-                    .name
-                    .chars()
-                    .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
-                    .collect();
-                base.join("state").join(folder)
-            }),
+            // per job name (two names never share one), so jobs in one folder never clear
+            // each other's.
+            dir: raw_state
+                .dir
+                .map(|d| resolve(&d))
+                .unwrap_or_else(|| base.join("state").join(folder_name(&raw.name))),
         };
 
         Ok(Pipeline {
@@ -824,7 +841,11 @@ impl Pipeline {
             state,
             control: raw
                 .control
-                .map(|c| ControlSpec { http: c.http, max_upload_bytes: c.max_upload_mb.map(|mb| mb << 20) })
+                .map(|c| ControlSpec {
+                    http: c.http,
+                    max_upload_bytes: c.max_upload_mb.map(|mb| mb << 20),
+                    allowed_hosts: c.allowed_hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
+                })
                 .unwrap_or_default(),
         })
     }
@@ -856,6 +877,19 @@ pub fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_job_names_never_share_a_state_folder() {
+        // Hand-written: the names that used to meet in `shop_a`.
+        assert_eq!(folder_name("shop.a"), "shop_2ea");
+        assert_eq!(folder_name("shop_a"), "shop_5fa");
+        assert_eq!(folder_name("stock-alert"), "stock-alert");
+        assert_eq!(folder_name("a/../b"), "a_2f_2e_2e_2fb");
+        assert_eq!(folder_name("ñ"), "_c3_b1");
+        let names = ["shop.a", "shop_a", "shop a", "shop_2ea", "shop__2ea", "", "_", "__5f", "-"];
+        let folders: std::collections::HashSet<String> = names.iter().map(|n| folder_name(n)).collect();
+        assert_eq!(folders.len(), names.len());
+    }
 
     const GOOD: &str = r#"
 name = "stock-alert"

@@ -41,6 +41,11 @@ km0_has_componentize_py() {
   command -v componentize-py >/dev/null 2>&1 && componentize-py --version >/dev/null 2>&1
 }
 
+# The Prometheus project's Python client: its OpenMetrics parser reads /metrics in the tests.
+km0_has_prometheus_client() {
+  python3 -c 'import prometheus_client.openmetrics.parser' >/dev/null 2>&1
+}
+
 km0_has_node() {
   command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 }

@@ -92,6 +92,10 @@ pub struct SavepointMeta {
     /// rebuilt from them on restore); false in savepoints of km0 before contract 0.2.
     #[serde(default)]
     pub rows_cover_slots: bool,
+    /// A session's window ends one past `last + gap` (it covers `[first, last + gap]`);
+    /// false in savepoints of km0 before that, whose sessions ended at `last + gap`.
+    #[serde(default)]
+    pub session_ends_closed: bool,
 }
 
 /// A savepoint read from disk and verified.
@@ -195,21 +199,56 @@ pub fn write_external_with(
     components: &[super::components::Component],
     write_state: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<SavepointMeta> {
-    let tmp = temp_folder(dir)?;
-    for c in components {
-        c.put(&tmp)?;
-    }
-    write_state(&tmp.join(state_dir))?;
     let windows = meta.operators.iter().map(|o| o.slots).sum();
     meta.state = StateFile { file: state_dir.into(), windows, bytes: 0, sha256: String::new() };
     let meta_json =
         serde_json::to_vec_pretty(&meta).map_err(|e| corrupt(dir, format!("encode metadata: {e}")))?;
     let meta_sha = hex(&Sha256::digest(&meta_json));
-    write_synced(&tmp.join(META), &meta_json)?;
-    write_synced(&tmp.join(CHECKSUM), format!("{meta_sha}  {META}\n").as_bytes())?;
-    std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename snapshot into", dir, e))?;
-    sync_parent(dir)?;
+    into_folder(dir, components, |tmp| {
+        write_state(&tmp.join(state_dir))?;
+        write_synced(&tmp.join(META), &meta_json)?;
+        write_synced(&tmp.join(CHECKSUM), format!("{meta_sha}  {META}\n").as_bytes())
+    })?;
     Ok(meta)
+}
+
+/// Write a snapshot's folder `dir`: its components and what `fill` writes go into a
+/// temporary folder beside it, renamed into place once complete (and removed if anything
+/// fails: a failed snapshot leaves nothing behind).
+fn into_folder(
+    dir: &Path,
+    components: &[super::components::Component],
+    fill: impl FnOnce(&Path) -> Result<()>,
+) -> Result<()> {
+    let tmp = temp_folder(dir)?;
+    let filled = components
+        .iter()
+        .try_for_each(|c| c.put(&tmp).map(drop))
+        .and_then(|()| fill(&tmp))
+        .and_then(|()| std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename snapshot into", dir, e)));
+    if let Err(e) = filled {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    sync_parent(dir)
+}
+
+/// Remove the temporary folders of snapshots that a process which no longer runs left in
+/// `dir` (killed while it wrote them).
+pub fn remove_abandoned(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix('.').and_then(|n| n.rsplit_once(".tmp-")).map(|(_, pid)| pid)
+        else {
+            continue;
+        };
+        let alive = pid.parse::<u32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            tracing::info!(folder = %e.path().display(), "removing an abandoned temporary snapshot folder");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// A new, empty temporary folder beside `dir`, to be renamed into it.
@@ -240,10 +279,6 @@ pub fn write_with(
     snapshots: &[Capture],
     components: &[super::components::Component],
 ) -> Result<SavepointMeta> {
-    let tmp = temp_folder(dir)?;
-    for c in components {
-        c.put(&tmp)?;
-    }
     let state = encode_state(snapshots);
     let state_sha = hex(&Sha256::digest(&state));
     let windows = snapshots.iter().map(|s| s.slots.len()).sum();
@@ -252,12 +287,11 @@ pub fn write_with(
     let meta_json =
         serde_json::to_vec_pretty(&meta).map_err(|e| corrupt(dir, format!("encode metadata: {e}")))?;
     let meta_sha = hex(&Sha256::digest(&meta_json));
-
-    write_synced(&tmp.join(STATE), &state)?;
-    write_synced(&tmp.join(META), &meta_json)?;
-    write_synced(&tmp.join(CHECKSUM), format!("{meta_sha}  {META}\n{state_sha}  {STATE}\n").as_bytes())?;
-    std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename savepoint into", dir, e))?;
-    sync_parent(dir)?;
+    into_folder(dir, components, |tmp| {
+        write_synced(&tmp.join(STATE), &state)?;
+        write_synced(&tmp.join(META), &meta_json)?;
+        write_synced(&tmp.join(CHECKSUM), format!("{meta_sha}  {META}\n{state_sha}  {STATE}\n").as_bytes())
+    })?;
     Ok(meta)
 }
 

@@ -56,10 +56,43 @@ struct Metrics<'a> {
     job: &'a str,
 }
 
+/// The longest label value written, in bytes; a longer one is cut (at a character's
+/// boundary) and ends in `…`.
+pub const MAX_LABEL_BYTES: usize = 128;
+
+/// A label value as the exposition formats write it: `\`, `"` and a line feed escaped
+/// (`prometheus-client` writes values as it gets them), other control characters dropped,
+/// at most [`MAX_LABEL_BYTES`]. Job, aggregation and plugin names and partition names
+/// (a record's field, with `partition_field`) all come from outside.
+pub fn label_value(v: &str) -> String {
+    let mut cut = v;
+    if v.len() > MAX_LABEL_BYTES {
+        let mut end = MAX_LABEL_BYTES - '…'.len_utf8();
+        while !v.is_char_boundary(end) {
+            end -= 1;
+        }
+        cut = &v[..end];
+    }
+    let mut out = String::with_capacity(cut.len() + 4);
+    for c in cut.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    if cut.len() < v.len() {
+        out.push('…');
+    }
+    out
+}
+
 impl Metrics<'_> {
     fn labels(&self, more: &[(&str, &str)]) -> Labels {
-        let mut l = vec![("job".to_string(), self.job.to_string())];
-        l.extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut l = vec![("job".to_string(), label_value(self.job))];
+        l.extend(more.iter().map(|(k, v)| (k.to_string(), label_value(v))));
         l
     }
 

@@ -25,18 +25,23 @@
 //! non-loopback address without `KM0_TOKEN` is refused at start.
 
 pub mod client;
+mod guard;
 pub mod metrics;
+mod server;
 
-use crate::job::commands::{Command, ControlHandle, StopMode};
+pub use guard::{MAX_WAIT, READS_PER_SECOND, READ_BURST};
+pub use server::{HEADER_TIMEOUT, MAX_CONNECTIONS};
+
+use crate::job::commands::{Command, ControlHandle, JobStatus, Refused, StopMode};
 use crate::{Error, Result};
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Query, Request, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The default address of `km0 run`'s control API.
@@ -45,10 +50,24 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8081";
 /// How long a call waits for the job to act on a command.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long a deploy's upload may take.
+pub const UPLOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
 #[derive(Clone)]
 struct Api {
     handle: ControlHandle,
-    token: Arc<String>,
+    /// The status as last served, rendered: each published status is written once as
+    /// JSON and as metrics, however many clients ask.
+    rendered: Arc<Mutex<Rendered>>,
+}
+
+#[derive(Default)]
+struct Rendered {
+    /// The status these were rendered from.
+    of: Option<Arc<JobStatus>>,
+    json: Option<axum::body::Bytes>,
+    /// The metrics, and the wall-clock second they were written in (their lag gauge).
+    metrics: Option<(axum::body::Bytes, i64)>,
 }
 
 /// The token for mutating calls: `KM0_TOKEN`, else a new one written (0600) to `file`.
@@ -69,31 +88,51 @@ pub fn token_for(addr: &SocketAddr, file: &Path) -> Result<String> {
         .and_then(|mut f| f.read_exact(&mut bytes))
         .map_err(|e| Error::io("read", "/dev/urandom", e))?;
     let token = crate::pipeline::hex(&bytes);
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
-    }
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(file)
-        .map_err(|e| Error::io("create", file, e))?;
-    use std::io::Write;
-    f.write_all(token.as_bytes()).map_err(|e| Error::io("write", file, e))?;
+    write_private(file, token.as_bytes())?;
     tracing::info!(file = %file.display(), "control API token written (or set KM0_TOKEN)");
     Ok(token)
 }
 
+/// Write `bytes` to `file`, readable by its owner only: into a new file beside it, then
+/// renamed over it, so that an existing file's mode or a link at `file` (followed, it would
+/// write elsewhere) are not kept.
+fn write_private(file: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, file));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io("write", file, e)
+    })
+}
+
 /// Bind `addr` now (so that a busy port is an error at start) and serve the API on a
 /// thread of its own. Returns the address bound (a port 0 gets a free one).
-pub fn serve(addr: SocketAddr, token: String, handle: ControlHandle) -> Result<SocketAddr> {
+/// `allowed_hosts`: host names it answers besides IP addresses and `localhost`.
+pub fn serve(
+    addr: SocketAddr,
+    token: String,
+    allowed_hosts: Vec<String>,
+    handle: ControlHandle,
+) -> Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|e| Error::Usage(format!("the control API cannot listen on {addr}: {e}")))?;
     let bound = listener.local_addr().map_err(|e| Error::Usage(format!("control API address: {e}")))?;
     listener.set_nonblocking(true).map_err(|e| Error::Usage(format!("control API socket: {e}")))?;
-    let api = Api { handle, token: Arc::new(token) };
+    let guard = Arc::new(guard::Guard::new(token, allowed_hosts, UI));
+    let api = Api { handle, rendered: Arc::default() };
     std::thread::Builder::new()
         .name("km0-control".into())
         .spawn(move || {
@@ -106,9 +145,7 @@ pub fn serve(addr: SocketAddr, token: String, handle: ControlHandle) -> Result<S
                     Ok(l) => l,
                     Err(e) => return tracing::error!(error = %e, "control API listener"),
                 };
-                if let Err(e) = axum::serve(listener, router(api)).await {
-                    tracing::error!(error = %e, "control API stopped");
-                }
+                server::run(listener, router(api, guard)).await;
             })
         })
         .map_err(|e| Error::Usage(format!("control API thread: {e}")))?;
@@ -116,9 +153,7 @@ pub fn serve(addr: SocketAddr, token: String, handle: ControlHandle) -> Result<S
     Ok(bound)
 }
 
-fn router(api: Api) -> Router {
-    // Larger uploads are refused (413) before they are read whole.
-    let max_upload = api.handle.deployer.as_ref().map_or(0, |d| d.max_bytes);
+fn router(api: Api, guard: Arc<guard::Guard>) -> Router {
     Router::new()
         .route("/", get(ui))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -129,20 +164,12 @@ fn router(api: Api) -> Router {
         .route("/api/v1/savepoints", post(savepoint).get(savepoints))
         .route("/api/v1/stop", post(stop))
         .route("/api/v1/deployments", post(deploy).get(deployments))
-        .layer(axum::extract::DefaultBodyLimit::max(max_upload))
         .with_state(api)
+        .layer(axum::middleware::from_fn_with_state(guard, guard::check))
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
-}
-
-/// The bearer token matches (compared in constant time).
-fn authorized(api: &Api, headers: &HeaderMap) -> bool {
-    let Some(given) = headers.get("authorization").and_then(|v| v.to_str().ok()) else { return false };
-    let Some(given) = given.strip_prefix("Bearer ") else { return false };
-    let (a, b) = (given.as_bytes(), api.token.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 async fn readyz(State(api): State<Api>) -> Response {
@@ -165,41 +192,88 @@ async fn ui() -> Response {
     ([(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")], UI).into_response()
 }
 
+impl Api {
+    /// The rendering of the published status that `pick` chooses, made by `make` when
+    /// the status has changed since (or, for the metrics, the second).
+    fn rendered<T: Clone>(
+        &self,
+        pick: impl Fn(&mut Rendered) -> Option<T>,
+        make: impl FnOnce(&JobStatus, &mut Rendered) -> T,
+    ) -> T {
+        let status = self.handle.status();
+        let mut r = match self.rendered.lock() {
+            Ok(r) => r,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if !r.of.as_ref().is_some_and(|of| Arc::ptr_eq(of, &status)) {
+            *r = Rendered { of: Some(status.clone()), ..Rendered::default() };
+        }
+        if let Some(v) = pick(&mut r) {
+            return v;
+        }
+        make(&status, &mut r)
+    }
+}
+
 async fn prometheus(State(api): State<Api>) -> Response {
-    let text = metrics::render(&api.handle.status(), crate::metrics::now_ms());
+    let now = crate::metrics::now_ms();
+    let text = api.rendered(
+        |r| r.metrics.as_ref().filter(|(_, s)| *s == now / 1000).map(|(t, _)| t.clone()),
+        |status, r| {
+            let text = axum::body::Bytes::from(metrics::render(status, now));
+            r.metrics = Some((text.clone(), now / 1000));
+            text
+        },
+    );
     ([(axum::http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
 }
 
 async fn job(State(api): State<Api>) -> Response {
-    Json(api.handle.status()).into_response()
+    let json = api.rendered(
+        |r| r.json.clone(),
+        |status, r| {
+            let json = axum::body::Bytes::from(serde_json::to_vec(status).unwrap_or_default());
+            r.json = Some(json.clone());
+            json
+        },
+    );
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], json).into_response()
 }
 
 async fn checkpoints(State(api): State<Api>) -> Response {
-    Json(api.handle.status().checkpoint_history).into_response()
+    Json(&api.handle.status().checkpoint_history).into_response()
+}
+
+/// A call under way: the process answers it before it exits ([`ControlHandle::close`]).
+struct Answering(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Answering {
+    fn new(handle: &ControlHandle) -> Answering {
+        handle.answering.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Answering(handle.answering.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Send a command and wait (off the runtime's thread) for the job's reply.
 async fn ask<T: Send + 'static>(
     api: &Api,
-    make: impl FnOnce(std::sync::mpsc::Sender<std::result::Result<T, String>>) -> Command,
+    make: impl FnOnce(std::sync::mpsc::Sender<std::result::Result<T, Refused>>) -> Command,
 ) -> std::result::Result<T, Response> {
+    use std::sync::atomic::Ordering;
     let (tx, rx) = std::sync::mpsc::channel();
-    let answering = api.handle.answering.clone();
-    answering.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    struct Answered(Arc<std::sync::atomic::AtomicUsize>);
-    impl Drop for Answered {
-        fn drop(&mut self) {
-            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-    let _answered = Answered(answering);
-    if api.handle.sender.send(make(tx)).is_err() {
-        return Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job has stopped"));
+    if api.handle.closed.load(Ordering::SeqCst) || api.handle.sender.send(make(tx)).is_err() {
+        return Err(error(StatusCode::CONFLICT, "the job has stopped"));
     }
     let reply = tokio::task::spawn_blocking(move || rx.recv_timeout(COMMAND_TIMEOUT)).await;
     match reply {
         Ok(Ok(Ok(v))) => Ok(v),
-        Ok(Ok(Err(e))) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, e)),
+        Ok(Ok(Err(refused))) => Err(refusal(refused)),
         Ok(Err(_)) => {
             Err(error(StatusCode::SERVICE_UNAVAILABLE, "the job did not answer (stopped, or busy)"))
         }
@@ -207,10 +281,8 @@ async fn ask<T: Send + 'static>(
     }
 }
 
-async fn savepoint(State(api): State<Api>, headers: HeaderMap) -> Response {
-    if !authorized(&api, &headers) {
-        return error(StatusCode::UNAUTHORIZED, "a valid `Authorization: Bearer TOKEN` is needed");
-    }
+async fn savepoint(State(api): State<Api>) -> Response {
+    let _answering = Answering::new(&api.handle);
     match ask(&api, |reply| Command::Savepoint { reply }).await {
         Ok(path) => Json(serde_json::json!({ "path": path })).into_response(),
         Err(r) => r,
@@ -222,10 +294,8 @@ struct StopQuery {
     mode: Option<String>,
 }
 
-async fn stop(State(api): State<Api>, headers: HeaderMap, Query(q): Query<StopQuery>) -> Response {
-    if !authorized(&api, &headers) {
-        return error(StatusCode::UNAUTHORIZED, "a valid `Authorization: Bearer TOKEN` is needed");
-    }
+async fn stop(State(api): State<Api>, Query(q): Query<StopQuery>) -> Response {
+    let _answering = Answering::new(&api.handle);
     let mode = match q.mode.as_deref() {
         None | Some("savepoint") => StopMode::Savepoint,
         Some("drain") => StopMode::Drain,
@@ -240,11 +310,11 @@ async fn stop(State(api): State<Api>, headers: HeaderMap, Query(q): Query<StopQu
 }
 
 async fn savepoints(State(api): State<Api>) -> Response {
-    Json(api.handle.status().savepoints).into_response()
+    Json(&api.handle.status().savepoints).into_response()
 }
 
 async fn deployments(State(api): State<Api>) -> Response {
-    Json(api.handle.status().deployments).into_response()
+    Json(&api.handle.status().deployments).into_response()
 }
 
 #[derive(serde::Deserialize)]
@@ -252,24 +322,15 @@ struct DeployQuery {
     aggregation: Option<String>,
 }
 
-/// A live deploy: prepare the component here (off the job's thread), then hand it to the
-/// job, which swaps it in between two records.
-async fn deploy(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    Query(q): Query<DeployQuery>,
-    body: axum::body::Bytes,
-) -> Response {
+/// A live deploy: read the component (one deploy at a time: a second is refused before
+/// its body is read), prepare it here (off the job's thread), then hand it to the job,
+/// which swaps it in between two records.
+async fn deploy(State(api): State<Api>, Query(q): Query<DeployQuery>, request: Request) -> Response {
     use std::sync::atomic::Ordering;
-    if !authorized(&api, &headers) {
-        return error(StatusCode::UNAUTHORIZED, "a valid `Authorization: Bearer TOKEN` is needed");
-    }
+    let _answering = Answering::new(&api.handle);
     let Some(deployer) = api.handle.deployer.clone() else {
         return error(StatusCode::NOT_IMPLEMENTED, "this job takes no live deploys");
     };
-    if body.is_empty() {
-        return error(StatusCode::BAD_REQUEST, "send the component's bytes as the request body");
-    }
     if api.handle.deploying.swap(true, Ordering::SeqCst) {
         return error(StatusCode::CONFLICT, "another deploy is under way; try again when it has finished");
     }
@@ -281,8 +342,44 @@ async fn deploy(
     }
     let _done = Done(api.handle.deploying.clone());
     let status = api.handle.status();
-    if status.state != "running" {
+    if status.state != "running" || api.handle.closed.load(Ordering::SeqCst) {
         return error(StatusCode::SERVICE_UNAVAILABLE, format!("the job is {:?}, not running", status.state));
+    }
+    // Larger uploads are refused (413) before they are read (a length said) or whole.
+    let said = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if said.is_some_and(|n| n > deployer.max_bytes as u64) {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a component has at most {} bytes", deployer.max_bytes),
+        );
+    }
+    let read = axum::body::to_bytes(request.into_body(), deployer.max_bytes);
+    let body = match tokio::time::timeout(UPLOAD_TIMEOUT, read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            let too_large =
+                std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return if too_large {
+                error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("a component has at most {} bytes", deployer.max_bytes),
+                )
+            } else {
+                error(StatusCode::BAD_REQUEST, format!("the upload failed: {e}"))
+            };
+        }
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the upload took more than {} s", UPLOAD_TIMEOUT.as_secs()),
+            )
+        }
+    };
+    if body.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "send the component's bytes as the request body");
     }
     let running: Vec<String> = status.aggregations.iter().map(|a| a.plugin.clone()).collect();
     let prepared = tokio::task::spawn_blocking(move || {
@@ -294,19 +391,13 @@ async fn deploy(
         Ok(Err(refused)) => return refusal(refused),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
-    let (tx, rx) = std::sync::mpsc::channel();
-    if api.handle.sender.send(Command::Deploy { deployment, reply: tx }).is_err() {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "the job has stopped");
-    }
-    match tokio::task::spawn_blocking(move || rx.recv_timeout(COMMAND_TIMEOUT)).await {
-        Ok(Ok(Ok(deployed))) => Json(deployed).into_response(),
-        Ok(Ok(Err(refused))) => refusal(refused),
-        Ok(Err(_)) => error(StatusCode::SERVICE_UNAVAILABLE, "the job did not answer (stopped, or busy)"),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    match ask(&api, |reply| Command::Deploy { deployment, reply }).await {
+        Ok(deployed) => Json(deployed).into_response(),
+        Err(r) => r,
     }
 }
 
-fn refusal(refused: crate::job::commands::Refused) -> Response {
+fn refusal(refused: Refused) -> Response {
     let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
     error(status, refused.reason)
 }

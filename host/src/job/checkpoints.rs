@@ -20,6 +20,27 @@ impl CheckpointStats {
     }
 }
 
+/// Why a savepoint (or a checkpoint) was not written.
+#[derive(Debug)]
+pub(super) enum SavepointFailed {
+    /// This savepoint could not be written (an unwritable folder, say): nothing of it is
+    /// kept, and the job's state is whole, so the job can go on.
+    Savepoint(Error),
+    /// The job cannot go on (a checkpoint failed, or its state's copy could not be kept).
+    Job(Error),
+}
+
+impl From<SavepointFailed> for Error {
+    fn from(f: SavepointFailed) -> Error {
+        match f {
+            SavepointFailed::Savepoint(e) | SavepointFailed::Job(e) => e,
+        }
+    }
+}
+
+/// A snapshot's writer thread: the bytes it wrote.
+type Writer = std::thread::JoinHandle<std::result::Result<u64, SavepointFailed>>;
+
 /// What a snapshot being written is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Written {
@@ -41,7 +62,9 @@ pub(super) struct Checkpointer {
     pub(super) records_at_last: u64,
     /// The snapshot being written: a checkpoint (its number) or a savepoint, and the
     /// source position it holds.
-    pub(super) writing: Option<(std::thread::JoinHandle<Result<u64>>, Written, SourcePosition)>,
+    pub(super) writing: Option<(Writer, Written, SourcePosition)>,
+    /// Savepoints written like checkpoints that failed, until their caller asks.
+    pub(super) failed_savepoints: Vec<(PathBuf, Error)>,
     /// Wait for every checkpoint before going on (the sink commits at completion).
     pub(super) synchronous: bool,
     /// The newest checkpoints of this run, for the control API.
@@ -82,7 +105,7 @@ impl Checkpointer {
         let writer = match &self.rocks {
             None => {
                 let (meta, snapshots) = job.snapshot(pipeline, source)?;
-                std::thread::spawn(move || {
+                spawn_writer(move || {
                     let t = Instant::now();
                     // The sinks' data must be durable before the checkpoint that commits it.
                     meta.sinks.iter().try_for_each(crate::sink::sync)?;
@@ -96,7 +119,7 @@ impl Checkpointer {
             Some(rocks) => {
                 let (meta, changes) = job.changes(pipeline, source)?;
                 let rocks = rocks.clone();
-                std::thread::spawn(move || {
+                spawn_writer(move || {
                     let t = Instant::now();
                     meta.sinks.iter().try_for_each(crate::sink::sync)?;
                     savepoint::write_external(&store.path(n), meta, "rocksdb", |dir| {
@@ -148,8 +171,20 @@ impl Checkpointer {
             return Ok(());
         }
         let Some((h, what, position)) = self.writing.take() else { return Ok(()) };
-        let written =
-            h.join().map_err(|_| Error::Usage("the checkpoint writer panicked".into())).and_then(|r| r);
+        let written = match h.join() {
+            Ok(Err(SavepointFailed::Savepoint(e))) => {
+                // Only a savepoint fails alone; its caller is told (`savepoint_failure`).
+                if let Written::Savepoint(path) = what {
+                    tracing::warn!(path = %path.display(), error = %e, "savepoint failed; the job goes on");
+                    self.failed_savepoints.push((path, e));
+                    return Ok(());
+                }
+                Err(e)
+            }
+            Ok(Err(SavepointFailed::Job(e))) => Err(e),
+            Ok(Ok(bytes)) => Ok(bytes),
+            Err(_) => Err(Error::Usage("the checkpoint writer panicked".into())),
+        };
         if let Written::Checkpoint(n) = what {
             if let Some((info, taken)) =
                 self.history.iter_mut().rev().find(|(i, _)| i.id == format!("chk-{n:06}"))
@@ -189,10 +224,13 @@ impl Checkpointer {
         let components: Vec<Component> = job.components.iter().flatten().cloned().collect();
         let to = path.to_path_buf();
         let writer = std::thread::spawn(move || {
-            meta.sinks.iter().try_for_each(crate::sink::sync)?;
-            savepoint::write_external_with(&to, meta, "rocksdb", &components, |dir| {
-                rocks.apply_and_checkpoint(&changes, dir)
-            })?;
+            // The changes go into the state's copy first: whatever becomes of the
+            // savepoint's folder, the next checkpoint builds on them.
+            rocks.apply(&changes).map_err(SavepointFailed::Job)?;
+            let written = meta.sinks.iter().try_for_each(crate::sink::sync).and_then(|()| {
+                savepoint::write_external_with(&to, meta, "rocksdb", &components, |dir| rocks.checkpoint(dir))
+            });
+            written.map_err(SavepointFailed::Savepoint)?;
             tracing::info!(path = %to.display(), "savepoint written");
             Ok(folder_bytes(&to))
         });
@@ -203,10 +241,22 @@ impl Checkpointer {
         Ok(true)
     }
 
+    /// Why the savepoint at `path`, written like a checkpoint, failed (once it is
+    /// complete, [`Checkpointer::completed`]).
+    pub(super) fn savepoint_failure(&mut self, path: &Path) -> Option<Error> {
+        let i = self.failed_savepoints.iter().position(|(p, _)| p == path)?;
+        Some(self.failed_savepoints.remove(i).1)
+    }
+
     /// Whether a snapshot is being written.
     pub(super) fn busy(&self) -> bool {
         self.writing.as_ref().is_some_and(|(h, _, _)| !h.is_finished())
     }
+}
+
+/// A checkpoint's writer: any failure of a checkpoint fails the job.
+fn spawn_writer(write: impl FnOnce() -> Result<u64> + Send + 'static) -> Writer {
+    std::thread::spawn(move || write().map_err(SavepointFailed::Job))
 }
 
 /// Bytes of the files in a snapshot's folder (its subfolders included; RocksDB's files are

@@ -20,14 +20,26 @@ pub enum StopMode {
 /// A command to a running job; the reply says what became of it.
 pub enum Command {
     /// Write a savepoint now and go on.
-    Savepoint { reply: Sender<Result<PathBuf, String>> },
+    Savepoint { reply: Sender<Result<PathBuf, Refused>> },
     /// Stop; with a savepoint, its path.
-    Stop { mode: StopMode, reply: Sender<Result<Option<PathBuf>, String>> },
+    Stop { mode: StopMode, reply: Sender<Result<Option<PathBuf>, Refused>> },
     /// Swap in a new plugin (prepared off the job's thread by [`super::swap::Deployer`]).
     Deploy { deployment: super::swap::Deployment, reply: Sender<Result<Deployed, Refused>> },
 }
 
-/// A live deploy that was refused: why, and the HTTP status that says so.
+impl Command {
+    /// Answer without carrying it out (the job has stopped, or is stopping).
+    pub fn refuse(self, why: &str) {
+        let refused = Refused::new(409, why);
+        match self {
+            Command::Savepoint { reply } => drop(reply.send(Err(refused))),
+            Command::Stop { reply, .. } => drop(reply.send(Err(refused))),
+            Command::Deploy { reply, .. } => drop(reply.send(Err(refused))),
+        }
+    }
+}
+
+/// A command that was refused or failed: why, and the HTTP status that says so.
 #[derive(Debug, Clone)]
 pub struct Refused {
     pub status: u16,
@@ -177,10 +189,11 @@ pub const THROUGHPUT_WINDOW_MS: i64 = 300_000;
 /// Checkpoints kept in a job's published history.
 pub const CHECKPOINT_HISTORY: usize = 50;
 
-/// The job's end of the control port: its commands and its published status.
+/// The job's end of the control port: its commands and its published status (replaced
+/// whole at each publish, so that a reader holds the lock only to clone an `Arc`).
 pub struct ControlPort {
     pub commands: Mutex<Receiver<Command>>,
-    pub status: Arc<Mutex<JobStatus>>,
+    pub status: Mutex<Arc<JobStatus>>,
 }
 
 /// Shared by the job (which takes commands) and the API (which sends them).
@@ -195,6 +208,8 @@ pub struct ControlHandle {
     pub deployer: Option<Arc<super::swap::Deployer>>,
     /// A live deploy is being prepared or swapped: a second one is refused.
     pub deploying: Arc<std::sync::atomic::AtomicBool>,
+    /// The job has stopped taking commands: calls are answered at once.
+    pub closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for ControlHandle {
@@ -208,7 +223,7 @@ impl ControlHandle {
         let (sender, receiver) = std::sync::mpsc::channel();
         let port = ControlPort {
             commands: Mutex::new(receiver),
-            status: Arc::new(Mutex::new(JobStatus::default())),
+            status: Mutex::new(Arc::new(JobStatus::default())),
         };
         ControlHandle {
             port: Arc::new(port),
@@ -216,25 +231,58 @@ impl ControlHandle {
             answering: Arc::default(),
             deployer: None,
             deploying: Arc::default(),
+            closed: Arc::default(),
         }
     }
 
-    /// Wait (up to 2 s) until every call has been answered.
-    pub fn wait_for_answers(&self) {
+    /// The job takes no more commands: every call under way or still arriving is answered
+    /// (a command waiting, or sent meanwhile, is refused: the job has stopped). Waits until
+    /// none is left, up to [`CLOSE_WAIT`] (a deploy still being compiled finishes first).
+    pub fn close(&self) {
         use std::sync::atomic::Ordering;
+        self.closed.store(true, Ordering::SeqCst);
         let t = std::time::Instant::now();
-        while self.answering.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(2) {
+        loop {
+            self.refuse_waiting("the job has stopped");
+            if self.answering.load(Ordering::SeqCst) == 0 || t.elapsed() >= CLOSE_WAIT {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         // The last answer's bytes leave the socket right after its handler returns.
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    /// Refuse the commands waiting to be taken.
+    pub fn refuse_waiting(&self, why: &str) {
+        let Ok(rx) = self.port.commands.lock() else { return };
+        while let Ok(command) = rx.try_recv() {
+            command.refuse(why);
+        }
+    }
+
     /// The last published status.
-    pub fn status(&self) -> JobStatus {
+    pub fn status(&self) -> Arc<JobStatus> {
         self.port.status.lock().map(|s| s.clone()).unwrap_or_default()
     }
+
+    /// Publish a new status.
+    pub fn publish(&self, status: JobStatus) {
+        if let Ok(mut s) = self.port.status.lock() {
+            *s = Arc::new(status);
+        }
+    }
+
+    /// Change the published status's state (`stopping`, `stopped`).
+    pub fn set_state(&self, state: &str) {
+        if let Ok(mut s) = self.port.status.lock() {
+            Arc::make_mut(&mut s).state = state.to_string();
+        }
+    }
 }
+
+/// How long a stopping process waits for the calls under way to be answered.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(30);
 
 impl Default for ControlHandle {
     fn default() -> Self {

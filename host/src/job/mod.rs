@@ -48,6 +48,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use crate::source::decode::MAX_FIELDS;
+pub use route::{MAX_FIELD_PARTITIONS, MAX_PARTITION_NAME};
 
 /// What happened to the records, cumulative across savepoint resumes. The per-event
 /// counts are summed over the pipeline's aggregations.

@@ -4,13 +4,13 @@
 use super::checkpoints::{CheckpointStats, Checkpointer};
 use super::commands::{Command, ControlHandle, Deployed, JobStatus, Refused, StopMode, STATUS_EVERY};
 use super::route::Job;
-use super::runner::write_savepoint;
 use super::runner::{join_writer, SavepointWriter};
+use super::runner::{write_savepoint, SavepointFailed};
 use super::swap::NotSwapped;
 use super::*;
 use std::sync::mpsc::Sender;
 
-pub(super) type StopReply = Sender<std::result::Result<Option<PathBuf>, String>>;
+pub(super) type StopReply = Sender<std::result::Result<Option<PathBuf>, Refused>>;
 type DeployReply = Sender<std::result::Result<Deployed, Refused>>;
 
 pub(super) struct LoopControl {
@@ -106,9 +106,14 @@ impl LoopControl {
         if let Some(c) = checkpoints {
             status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
         }
-        if let Ok(mut s) = self.handle.port.status.lock() {
-            *s = status;
-        }
+        self.handle.publish(status);
+    }
+
+    /// A live deploy's rollback savepoint is still being written by its own thread (memory
+    /// backend): no checkpoint may be taken before it is durable, or a crash could recover
+    /// into the new plugin with no rollback point.
+    pub(super) fn holds_checkpoints(&self) -> bool {
+        self.pending.as_ref().and_then(|p| p.writer.as_ref()).is_some_and(|w| !w.is_finished())
     }
 
     /// The commands waiting, carried out: whether there were any, and the stop asked for.
@@ -153,14 +158,15 @@ impl LoopControl {
     }
 
     /// A savepoint on demand; a checkpoint or savepoint being written completes first
-    /// (sinks commit in order).
+    /// (sinks commit in order). One that cannot be written fails its request, not the job
+    /// (as in Flink): nothing of it is kept, and the job goes on.
     fn savepoint(
         &mut self,
         pipeline: &Pipeline,
         job: &mut Job,
         source: &mut Source,
         mut checkpoints: Option<&mut Checkpointer>,
-        reply: Sender<std::result::Result<PathBuf, String>>,
+        reply: Sender<std::result::Result<PathBuf, Refused>>,
     ) -> Result<()> {
         if let Some(c) = checkpoints.as_deref_mut() {
             c.completed(job, source, true)?;
@@ -172,8 +178,13 @@ impl LoopControl {
                 self.answer(reply, Ok(path));
                 Ok(())
             }
-            Err(e) => {
-                self.answer(reply, Err(e.to_string()));
+            Err(SavepointFailed::Savepoint(e)) => {
+                tracing::warn!(error = %e, "savepoint failed; the job goes on");
+                self.answer(reply, Err(Refused::new(500, format!("the savepoint failed: {e}"))));
+                Ok(())
+            }
+            Err(SavepointFailed::Job(e)) => {
+                self.answer(reply, Err(Refused::new(500, e.to_string())));
                 Err(e)
             }
         }
@@ -307,6 +318,9 @@ impl LoopControl {
         checkpoints: Option<&mut Checkpointer>,
         stats: &mut CheckpointStats,
     ) -> Result<()> {
+        if self.holds_checkpoints() {
+            return Ok(());
+        }
         let Some(p) = self.pending.as_mut().filter(|p| p.checkpoint_wanted) else { return Ok(()) };
         let Some(c) = checkpoints.filter(|c| !c.busy()) else { return Ok(()) };
         stats.add(c.take(job, pipeline, source)?);

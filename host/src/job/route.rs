@@ -31,6 +31,13 @@ macro_rules! field_slots {
 }
 
 /// The job's loop state.
+/// With `partition_field`, the partitions (field values) a job keeps at most; a record with
+/// another value is dead-lettered.
+pub const MAX_FIELD_PARTITIONS: usize = 1024;
+
+/// The longest `partition_field` value, in bytes.
+pub const MAX_PARTITION_NAME: usize = 256;
+
 pub(super) struct Job {
     pub(super) decoder: Decoder,
     pub(super) ops: Vec<WindowOperator>,
@@ -377,7 +384,27 @@ impl Job {
     ) -> Result<()> {
         let partition = if self.by_field {
             let name = self.decoder.partition_name(slots);
-            self.watermarks.partition(&name)
+            match self.watermarks.find(&name) {
+                Some(p) => p,
+                None => {
+                    // Each value is a clock, a status entry and a metrics series: bounded.
+                    if name.len() > MAX_PARTITION_NAME {
+                        let why = format!(
+                            "its partition field's value has {} bytes; at most {MAX_PARTITION_NAME}",
+                            name.len()
+                        );
+                        return self.dead_letter(&why, record, pos);
+                    }
+                    if self.watermarks.partitions().len() >= MAX_FIELD_PARTITIONS {
+                        let why = format!(
+                            "its partition field's value would be partition {}; a job keeps at most {MAX_FIELD_PARTITIONS}",
+                            MAX_FIELD_PARTITIONS + 1
+                        );
+                        return self.dead_letter(&why, record, pos);
+                    }
+                    self.watermarks.partition(&name)
+                }
+            }
         } else {
             self.clock(pos.partition)
         };
@@ -682,6 +709,12 @@ impl Job {
             if let Some(bad) = snap.rows.iter().find(|r| !row_fits(&r.values, fields)) {
                 return Err(refuse(unfit_rows(op.name(), snap.rows.len(), op.plugin(), bad)));
             }
+            if op.has_sessions() && !meta.session_ends_closed {
+                // Written when a session was `[first, last + gap)`: it is `[first, last + gap]`.
+                for slot in &mut snap.to_mut().slots {
+                    slot.window.end = slot.window.end.saturating_add(1);
+                }
+            }
             let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
             if deploying && old.state_schema != new.state_schema {
                 op.migrate(old.state_schema, snap.to_mut()).map_err(|e| {
@@ -818,6 +851,7 @@ impl Job {
             state: StateFile { file: String::new(), windows: 0, bytes: 0, sha256: String::new() },
             snapshot_id: barrier.id,
             rows_cover_slots: true,
+            session_ends_closed: true,
         })
     }
 }

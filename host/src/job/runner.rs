@@ -2,8 +2,9 @@
 //! records, partition ends, checkpoints, backpressure, lag reports, idle ticks; then the
 //! savepoint or the end of the input, and the run's summary.
 
+pub(super) use super::checkpoints::SavepointFailed;
 use super::checkpoints::{CheckpointStats, Checkpointer};
-use super::commands::{ControlHandle, StopMode};
+use super::commands::StopMode;
 use super::port::LoopControl;
 use super::route::Job;
 use super::*;
@@ -64,6 +65,7 @@ pub(super) fn start(
                 last: Instant::now(),
                 records_at_last: 0,
                 writing: None,
+                failed_savepoints: Vec::new(),
                 synchronous: false,
                 history: Default::default(),
             })
@@ -144,8 +146,13 @@ pub(super) fn start(
     let mut lag_at = LagReport { every: Duration::from_secs(5), last: Instant::now() };
     // The control API: commands taken between records, status published now and then.
     let control = opts.control.clone();
-    let mut stop_reply: Option<std::sync::mpsc::Sender<std::result::Result<Option<PathBuf>, String>>> = None;
+    let mut stop_reply: Option<super::port::StopReply> = None;
     let savepoint_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
+    savepoint::remove_abandoned(&savepoint_dir);
+    // The savepoint a stop asked for (written in the loop: one that fails fails the stop,
+    // and the job goes on).
+    let mut savepoint_path = None;
+    let mut savepoint_pause = Duration::ZERO;
     let mut port = control.as_ref().map(|h| LoopControl::new(h.clone(), savepoint_dir.clone(), t0));
     if let crate::pipeline::SourceSpec::Kafka(k) = &pipeline.source {
         lag_at.every = Duration::from_millis(k.lag_interval_ms as u64);
@@ -157,6 +164,24 @@ pub(super) fn start(
             if let Some(port) = port.as_mut() {
                 let stop = port.serve(pipeline, &mut job, &mut source, checkpoints.as_mut(), &mut stats)?;
                 if let Some((mode, reply)) = stop {
+                    if mode == StopMode::Savepoint {
+                        match write_savepoint(
+                            &mut job,
+                            pipeline,
+                            &source,
+                            checkpoints.as_mut(),
+                            &savepoint_dir,
+                        ) {
+                            Ok((path, pause)) => (savepoint_path, savepoint_pause) = (Some(path), pause),
+                            Err(SavepointFailed::Savepoint(e)) => {
+                                tracing::warn!(error = %e, "the savepoint of a stop failed; the job goes on");
+                                let why = format!("the savepoint failed, so the job goes on: {e}");
+                                let _ = reply.send(Err(super::commands::Refused::new(500, why)));
+                                continue;
+                            }
+                            Err(SavepointFailed::Job(e)) => return Err(e),
+                        }
+                    }
                     stop_reply = Some(reply);
                     match mode {
                         StopMode::Savepoint => stopped = true,
@@ -194,7 +219,9 @@ pub(super) fn start(
                 if stop_after.is_some_and(|n| read - read_before >= n) || super::signals::stop_requested() {
                     stopped = true;
                 } else if let Some(c) = checkpoints.as_mut().filter(|c| c.due(read)) {
-                    stats.add(c.take(&mut job, pipeline, &mut source)?);
+                    if !port.as_ref().is_some_and(LoopControl::holds_checkpoints) {
+                        stats.add(c.take(&mut job, pipeline, &mut source)?);
+                    }
                 }
                 if read % 1024 == 0 {
                     if let Some(c) = checkpoints.as_mut() {
@@ -220,7 +247,7 @@ pub(super) fn start(
                 take_commands = true;
                 if let Some(c) = checkpoints.as_mut() {
                     c.completed(&mut job, &source, false)?;
-                    if c.due_by_time() {
+                    if c.due_by_time() && !port.as_ref().is_some_and(LoopControl::holds_checkpoints) {
                         stats.add(c.take(&mut job, pipeline, &mut source)?);
                     }
                 }
@@ -241,16 +268,18 @@ pub(super) fn start(
         port.send_answers();
     }
     // A stop that drains ends like the input: every open window fires below.
-    let mut savepoint_path = None;
-    let mut savepoint_pause = Duration::ZERO;
     if let Some(handle) = &control {
-        set_state(handle, "stopping");
+        handle.set_state("stopping");
+        // Commands that came after the stop are answered now.
+        handle.refuse_waiting("the job is stopping");
     }
     let ended = if stopped {
-        let (path, pause) =
-            write_savepoint(&mut job, pipeline, &source, checkpoints.as_mut(), &savepoint_dir)?;
-        savepoint_pause = pause;
-        savepoint_path = Some(path);
+        if savepoint_path.is_none() {
+            let (path, pause) =
+                write_savepoint(&mut job, pipeline, &source, checkpoints.as_mut(), &savepoint_dir)?;
+            savepoint_pause = pause;
+            savepoint_path = Some(path);
+        }
         Ok(())
     } else {
         // End of a bounded input: every open window fires.
@@ -278,12 +307,12 @@ pub(super) fn start(
     if let Some(reply) = stop_reply {
         let _ = reply.send(match &ended {
             Ok(()) => Ok(savepoint_path.clone()),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(super::commands::Refused::new(500, e.to_string())),
         });
     }
     ended?;
     if let Some(handle) = &control {
-        set_state(handle, "stopped");
+        handle.set_state("stopped");
     }
     let elapsed = t0.elapsed();
     let cpu = metrics::thread_cpu_time().saturating_sub(cpu0);
@@ -369,14 +398,17 @@ pub(super) fn write_savepoint(
     source: &Source,
     mut checkpoints: Option<&mut Checkpointer>,
     dir: &Path,
-) -> Result<(PathBuf, Duration)> {
+) -> std::result::Result<(PathBuf, Duration), SavepointFailed> {
     let t = Instant::now();
     let (path, writer) = begin_savepoint(job, pipeline, source, checkpoints.as_deref_mut(), dir)?;
     if let Some(w) = writer {
-        join_writer(w)?;
+        join_writer(w).map_err(SavepointFailed::Savepoint)?;
     }
     if let Some(c) = checkpoints {
-        c.completed(job, source, true)?;
+        c.completed(job, source, true).map_err(SavepointFailed::Job)?;
+        if let Some(e) = c.savepoint_failure(&path) {
+            return Err(SavepointFailed::Savepoint(e));
+        }
     }
     Ok((path, t.elapsed()))
 }
@@ -401,19 +433,20 @@ pub(super) fn begin_savepoint(
     source: &Source,
     checkpoints: Option<&mut Checkpointer>,
     dir: &Path,
-) -> Result<(PathBuf, Option<SavepointWriter>)> {
+) -> std::result::Result<(PathBuf, Option<SavepointWriter>), SavepointFailed> {
     let path = savepoint_path(dir, source.records());
     if let Some(c) = checkpoints {
-        if c.savepoint(job, pipeline, source, &path)? {
+        if c.savepoint(job, pipeline, source, &path).map_err(SavepointFailed::Job)? {
             return Ok((path, None));
         }
     }
-    let (meta, snapshots) = job.snapshot(pipeline, source)?;
+    // Capturing reads the state and changes nothing: a failure fails this savepoint only.
+    let (meta, snapshots) = job.snapshot(pipeline, source).map_err(SavepointFailed::Savepoint)?;
     let components: Vec<Component> = job.components.iter().flatten().cloned().collect();
     if job.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
-        write_savepoint_files(&path, meta, &snapshots, &components)?;
+        write_savepoint_files(&path, meta, &snapshots, &components).map_err(SavepointFailed::Savepoint)?;
         if let Some(out) = job.output.as_mut() {
-            out.checkpoint_complete()?;
+            out.checkpoint_complete().map_err(SavepointFailed::Job)?;
         }
         return Ok((path, None));
     }
@@ -421,7 +454,7 @@ pub(super) fn begin_savepoint(
     let writer = std::thread::Builder::new()
         .name("km0-savepoint".into())
         .spawn(move || write_savepoint_files(&to, meta, &snapshots, &components))
-        .map_err(|e| Error::io("start the savepoint writer", &path, e))?;
+        .map_err(|e| SavepointFailed::Savepoint(Error::io("start the savepoint writer", &path, e)))?;
     Ok((path, Some(writer)))
 }
 
@@ -446,15 +479,13 @@ fn write_savepoint_files(
     components: &[Component],
 ) -> Result<()> {
     meta.sinks.iter().try_for_each(crate::sink::sync)?;
+    // Fault injection for the tests: a rollback savepoint that takes this long to write.
+    if let Some(ms) = std::env::var("KM0_FAULT_SLOW_SAVEPOINT_MS").ok().and_then(|v| v.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
     savepoint::write_with(path, meta, snapshots, components)?;
     tracing::info!(path = %path.display(), "savepoint written");
     Ok(())
-}
-
-pub(super) fn set_state(handle: &ControlHandle, state: &str) {
-    if let Ok(mut s) = handle.port.status.lock() {
-        s.state = state.to_string();
-    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@
 use super::checkpoints::Checkpointer;
 use super::commands::Refused;
 use super::route::{fields_of, results_fingerprint, row_fits, unfit_rows, Job};
-use super::runner::{begin_savepoint, join_writer, SavepointWriter};
+use super::runner::{begin_savepoint, join_writer, SavepointFailed, SavepointWriter};
 use super::*;
 use crate::source::decode::Decoder;
 use crate::window::aggregator::Aggregator;
@@ -206,14 +206,21 @@ impl Job {
         // (before going on when the sink commits once a snapshot is durable).
         let t = Instant::now();
         let (savepoint, writer) = begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir)
-            .map_err(NotSwapped::Failed)?;
+            .map_err(|f| match f {
+                // Nothing was swapped: the job goes on as it was.
+                SavepointFailed::Savepoint(e) => refuse(
+                    500,
+                    format!("the rollback savepoint could not be written, so nothing was swapped: {e}"),
+                ),
+                SavepointFailed::Job(e) => NotSwapped::Failed(e),
+            })?;
         let savepoint_time = t.elapsed();
         // A refused swap waits for its rollback savepoint (named in the refusal).
         let refused = |r: Refused, writer: Option<SavepointWriter>| {
-            let written = writer.map_or(Ok(()), join_writer);
-            match written {
+            match writer.map_or(Ok(()), join_writer) {
                 Ok(()) => NotSwapped::Refused(r, Some(savepoint.clone())),
-                Err(e) => NotSwapped::Failed(e),
+                // Refused all the same: the job is unchanged.
+                Err(_) => NotSwapped::Refused(r, None),
             }
         };
 

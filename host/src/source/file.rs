@@ -512,7 +512,8 @@ impl LineReader {
 }
 
 fn is_blank(line: &[u8]) -> bool {
-    line.iter().all(|b| b.is_ascii_whitespace())
+    // JSON's whitespace only (RFC 8259 §2): a line of form feeds is a bad record.
+    line.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 pub mod captured;
 mod key_hash;
 mod key_index;
+pub mod lock;
 pub mod rocks;
 mod slab;
 

@@ -67,6 +67,12 @@ impl RocksState {
     /// Apply the operators' changes in one write batch, then write a RocksDB checkpoint
     /// of the result into `into` (which must not exist).
     pub fn apply_and_checkpoint(&self, changes: &[Changes], into: &Path) -> Result<()> {
+        self.apply(changes)?;
+        self.checkpoint(into)
+    }
+
+    /// Apply the operators' changes in one write batch.
+    pub fn apply(&self, changes: &[Changes]) -> Result<()> {
         let mut batch = WriteBatch::default();
         for (op, c) in changes.iter().enumerate() {
             let op = op as u8;
@@ -82,7 +88,11 @@ impl RocksState {
             }
             batch.put([op, 1], encode_rows(&c.rows));
         }
-        self.db.write(batch).map_err(|e| rocks_error("write", &self.dir, e))?;
+        self.db.write(batch).map_err(|e| rocks_error("write", &self.dir, e))
+    }
+
+    /// Write a RocksDB checkpoint of the state as it is into `into` (which must not exist).
+    pub fn checkpoint(&self, into: &Path) -> Result<()> {
         let cp = Checkpoint::new(&self.db).map_err(|e| rocks_error("checkpoint", &self.dir, e))?;
         cp.create_checkpoint(into).map_err(|e| rocks_error("checkpoint into", into, e))
     }

@@ -104,9 +104,15 @@ impl Watermarks {
         self.current
     }
 
+    /// Index of a partition, if it is known.
+    #[inline]
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.partitions.iter().position(|p| p.name == name)
+    }
+
     /// Index of a partition, registering it on first sight.
     pub fn partition(&mut self, name: &str) -> usize {
-        if let Some(i) = self.partitions.iter().position(|p| p.name == name) {
+        if let Some(i) = self.find(name) {
             return i;
         }
         self.partitions.push(PartitionClock {

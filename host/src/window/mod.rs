@@ -5,8 +5,11 @@
 //! no offset, so every key's windows share boundaries and fire together. A sliding
 //! window of `size` every `slide` is built from panes of `slide`: each event is added to
 //! exactly one pane, and a window's result is the in-order merge of its `size / slide`
-//! panes. A session is `[first event, last event + gap)` per key and grows or merges as
-//! events arrive.
+//! panes. A session holds a key's events while none is more than `gap` after the one
+//! before it (seed 002: "gap > timeout → nueva sesión"): it covers `[first, last + gap]`,
+//! which as a half-open window is `[first, last + gap + 1)`, so it fires once the watermark
+//! has passed `last + gap` (an event at exactly `last + gap` still joins it), and two
+//! sessions whose events are `gap` apart merge.
 //!
 //! [`operator`] runs the windows of one aggregation over host-owned state.
 
@@ -58,7 +61,7 @@ impl Assigner {
     }
 
     /// The slot an event at `t` starts from: its tumbling window, its sliding pane, or its
-    /// own session `[t, t + gap)` before merging.
+    /// own session `[t, t + gap]`, half-open `[t, t + gap + 1)`, before merging.
     #[inline]
     pub fn slot(&self, t: i64) -> Window {
         // Saturating: event times are checked against a range far from i64's limits,
@@ -70,7 +73,7 @@ impl Assigner {
         match *self {
             Assigner::Tumbling { size } => aligned(size),
             Assigner::Sliding { slide, .. } => aligned(slide),
-            Assigner::Session { gap } => Window { start: t, end: t.saturating_add(gap) },
+            Assigner::Session { gap } => Window { start: t, end: t.saturating_add(gap).saturating_add(1) },
         }
     }
 
@@ -145,11 +148,14 @@ mod tests {
 
     #[test]
     fn sessions_overlap_and_union() {
+        // Gap 180: an event 180 after another is in its session, 181 after is not.
         let a = Assigner::Session { gap: 180 };
         let s = a.slot(1000);
-        assert_eq!(s, Window { start: 1000, end: 1180 });
+        assert_eq!(s, Window { start: 1000, end: 1181 });
         assert!(s.overlaps(&a.slot(1179)));
-        assert!(!s.overlaps(&a.slot(1180)));
-        assert_eq!(s.union(&a.slot(1100)), Window { start: 1000, end: 1280 });
+        assert!(s.overlaps(&a.slot(1180)));
+        assert!(!s.overlaps(&a.slot(1181)));
+        assert!(a.slot(820).overlaps(&s) && !a.slot(819).overlaps(&s));
+        assert_eq!(s.union(&a.slot(1100)), Window { start: 1000, end: 1281 });
     }
 }

@@ -139,6 +139,10 @@ struct SessionRef {
     id: i64,
     /// A `Fire` timer is pending for this session.
     armed: bool,
+    /// Its result has been written under its window's start: when it merges under
+    /// another start, that result is retracted (it may have grown since, and be armed
+    /// again).
+    written: bool,
     /// Where its slot was last found (checked before use: see [`WindowState::slot_at`]).
     at: SlotHandle,
 }
@@ -474,6 +478,11 @@ impl WindowOperator {
         };
         let last = self.assigner.last_end(slot);
         if last.saturating_add(self.lateness) <= wm {
+            // A record is judged bad before it is judged late (a late event's key is not
+            // interned, so not checked there).
+            if !crate::state::valid_key(key) {
+                return Ok(Verdict::InvalidKey);
+            }
             return Ok(Verdict::Late { window: self.assigner.window_ending(last) });
         }
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
@@ -515,8 +524,8 @@ impl WindowOperator {
         Ok(Verdict::Accepted)
     }
 
-    /// Sessions: the event's own window `[t, t + gap)` merges with every session of the
-    /// key it overlaps.
+    /// Sessions: the event's own window `[t, t + gap]` (half-open: `[t, t + gap + 1)`)
+    /// merges with every session of the key it overlaps.
     fn on_session_event(
         &mut self,
         key: &[u8],
@@ -545,6 +554,8 @@ impl WindowOperator {
                 count += 1;
                 if w.end <= wm {
                     refires = true;
+                }
+                if r.written {
                     fired_starts.push(w.start);
                 }
                 merged = merged.union(&w);
@@ -562,7 +573,7 @@ impl WindowOperator {
                 self.next_session += 1;
                 let (at, _) = self.state.open_at(k, id, own);
                 let armed = self.schedule(k, id, own, wm);
-                self.sessions.push(k, SessionRef { id, armed, at });
+                self.sessions.push(k, SessionRef { id, armed, written: false, at });
                 id
             }
             Some((first_window, i)) => {
@@ -570,6 +581,10 @@ impl WindowOperator {
                 self.reopen(k, target.id);
                 if count > 1 {
                     self.merge_sessions(k, target.id, &own)?;
+                }
+                if merged.start != first_window.start {
+                    // Not written under its new start (its old one is retracted below).
+                    self.set_written(k, target.id, false);
                 }
                 if merged != first_window {
                     self.state.set_window_at(target.at, k, target.id, merged);
@@ -607,6 +622,7 @@ impl WindowOperator {
             }
             self.flush(Some(wm))?;
             self.emit(&[(k, id)], out, false)?;
+            self.set_written(k, id, true);
         } else if self.batch.len() >= self.batch_size {
             self.flush(Some(wm))?;
         }
@@ -800,6 +816,12 @@ impl WindowOperator {
     fn set_armed(&mut self, key: u32, id: i64, armed: bool) {
         if let Some(r) = self.sessions.of_mut(key).and_then(|l| l.iter_mut().find(|r| r.id == id)) {
             r.armed = armed;
+        }
+    }
+
+    fn set_written(&mut self, key: u32, id: i64, written: bool) {
+        if let Some(r) = self.sessions.of_mut(key).and_then(|l| l.iter_mut().find(|r| r.id == id)) {
+            r.written = written;
         }
     }
 
@@ -1043,6 +1065,7 @@ impl WindowOperator {
                 }
                 if t.kind == TimerKind::Fire {
                     self.set_armed(t.key, t.id, false);
+                    self.set_written(t.key, t.id, true);
                 }
             }
             match t.kind {
@@ -1614,6 +1637,11 @@ impl WindowOperator {
         rows
     }
 
+    /// Whether its windows are sessions.
+    pub fn has_sessions(&self) -> bool {
+        matches!(self.assigner, Assigner::Session { .. })
+    }
+
     /// Load a savepoint's state (accumulators already migrated) at watermark `wm`.
     /// Saved rows go back into the batch; a slot with saved rows starts from an empty
     /// accumulator and is rebuilt from all of them (its rows were either all handed over
@@ -1629,7 +1657,10 @@ impl WindowOperator {
             self.state.open_with(k, s.id, s.window, &s.acc);
             let armed = self.schedule(k, s.id, s.window, wm);
             if matches!(self.assigner, Assigner::Session { .. }) {
-                self.sessions.push(k, SessionRef { id: s.id, armed, at: NO_SLOT });
+                // One that has fired was written; one that fired and grew since (armed
+                // again) is not known to have been: its retraction is the rare loss of a
+                // restore (see the README's Retractions).
+                self.sessions.push(k, SessionRef { id: s.id, armed, written: !armed, at: NO_SLOT });
                 self.next_session = self.next_session.max(s.id + 1);
             }
         }

@@ -324,7 +324,7 @@ fn an_event_that_reaches_a_pane_handed_over_already_is_put_in_its_time_order() {
 fn a_restored_session_handed_over_before_its_timers_run_is_rebuilt_in_time_order() {
     // Gap 10, no allowed lateness, rows handed over one batch at a time. Restored at
     // watermark 12: session [0,10) with rows 0 and 5 (a savepoint taken with lateness, its
-    // timers not run yet). Key j's row hands it over; 3 then joins it ([3,13) overlaps it)
+    // timers not run yet). Key j's row hands it over; 3 then joins it ([3,14) overlaps it)
     // before the watermark moves: the session is rebuilt with 0, 3, 5 in order.
     use super::operator::{SavedRow, SavedSlot, Snapshot};
     use crate::window::Window;
@@ -363,23 +363,41 @@ fn a_restored_session_handed_over_before_its_timers_run_is_rebuilt_in_time_order
 
 #[test]
 fn sessions_merge_when_an_event_bridges_them_and_stay_apart_past_the_gap() {
-    // Gap 5: 1 and 3 open [1,8); 20 opens [20,25); 7 extends the first to [1,12). Ordered:
-    // the merged session's events come in time order. 24 extends [20,25) to [20,29); 30
-    // opens [30,35); 35's [35,40) only touches it: a session is [first, last + gap), so
-    // they stay apart.
+    // Gap 5 (seed 002: only a silence longer than the gap opens a new session). 1 and 3
+    // start one session; 20 another; 7 (4 after 3) joins the first; 24 joins 20's; 30
+    // (6 after 24) opens a third; 35 (exactly 5 after 30) joins it. Ordered: a merged
+    // session's events come in time order.
     let (got, _) = run(
         WindowKind::Session { gap_ms: 5 },
         0,
         true,
         &[(3, NONE), (1, NONE), (20, NONE), (7, NONE), (24, NONE), (30, NONE), (35, NONE)],
     );
-    assert_eq!(got, windows(&[("1|k", &[1, 3, 7]), ("20|k", &[20, 24]), ("30|k", &[30]), ("35|k", &[35])]));
-    // 5 bridges [1,6) and [8,13) into one session [1,13).
+    assert_eq!(got, windows(&[("1|k", &[1, 3, 7]), ("20|k", &[20, 24]), ("30|k", &[30, 35])]));
+    // 5 bridges 1 and 8 (4 and 3 apart) into one session.
     let (got, _) = run(WindowKind::Session { gap_ms: 5 }, 0, false, &[(1, NONE), (8, NONE), (5, NONE)]);
     assert_eq!(got.len(), 1, "{got:?}");
     let mut all = got["1|k"].clone();
     all.sort();
     assert_eq!(all, [1, 5, 8]);
+    // The case, gap 3 min: 0, +180 000 (exactly the gap) and +360 001 (the gap and
+    // 1 ms): two sessions, {0, 180 000} and {360 001}.
+    let (got, _) = run(
+        WindowKind::Session { gap_ms: 180_000 },
+        0,
+        false,
+        &[(0, NONE), (180_000, NONE), (360_001, NONE)],
+    );
+    assert_eq!(got, windows(&[("0|k", &[0, 180_000]), ("360001|k", &[360_001])]));
+    // Exactly the gap after the last event, the session is still open at a watermark of
+    // last + gap (5 at 5 joins 0's), and closed (fired) once the watermark is past it: 11
+    // at 11 opens another; once the watermark (22) is past 16 + 5, 10 would have joined
+    // it but is late.
+    let (got, verdicts) =
+        run(WindowKind::Session { gap_ms: 5 }, 0, false, &[(0, NONE), (5, 5), (11, 11), (16, 16), (10, 22)]);
+    assert_eq!(got, windows(&[("0|k", &[0, 5]), ("11|k", &[11, 16])]));
+    assert_eq!(&verdicts[..4], [Verdict::Accepted; 4]);
+    assert!(matches!(verdicts[4], Verdict::Late { .. }), "{verdicts:?}");
 }
 
 #[test]

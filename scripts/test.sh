@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run every test: build the WASM plugins from plugins/, install the broker (tansu) and
 # PostgreSQL that the Kafka tests start and the browser the UI test drives, then the
-# workspace's unit and end-to-end tests (release profile, shared target folder), then the
-# format check.
+# workspace's unit and end-to-end tests (release profile, shared target folder), then
+# clippy (warnings denied) and the format check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
@@ -73,6 +73,8 @@ rm -f "$kafka_log"
 # on a fresh two-core machine).
 echo "== cargo test --benches --no-run (release)"
 cargo test --release --locked --workspace --benches --no-run
+echo "== cargo clippy (release: the build scripts' outputs above are reused, ~2 min)"
+cargo clippy --release --locked --workspace --all-targets -- -D warnings
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 (cd plugins && cargo fmt --all -- --check)

@@ -86,6 +86,8 @@ fn run_km0(pipeline: &Path, wrap: Option<&str>) -> Run {
         }
         None => Command::new(km0_bin()),
     };
+    // Reaped below by wait4 (for its resource usage), not by `wait`.
+    #[allow(clippy::zombie_processes)]
     let child = cmd
         .arg("run")
         .arg(pipeline)

@@ -37,7 +37,7 @@ fn a_late_record_whose_key_is_not_utf8_is_a_bad_record_not_a_late_one() {
     // Event at T0, then T0 + 10 min (the watermark moves to T0 + 8 min: [T0, T0+5m) fires),
     // then two records at T0 that would be late: one whose producto holds a raw 0xFF, one
     // with a lone surrogate escape. Both keys are not UTF-8: both are dead letters.
-    let raw_key = format!(r#"{{"tipo":"stock.actualizado","producto":"p"#).into_bytes();
+    let raw_key = r#"{"tipo":"stock.actualizado","producto":"p"#.to_string().into_bytes();
     let raw =
         [raw_key, vec![0xff], format!(r#"","mercado":"m","fecha_ms":{T0},"stock_actual":1}}"#).into_bytes()]
             .concat();
@@ -88,7 +88,7 @@ fn invalid_utf8_in_a_field_the_job_does_not_read_is_accepted_and_never_written_r
         [
             br#"{"tipo":"stock.actualizado","producto":"a","mercado":"m","nota":""#.to_vec(),
             vec![0xc3, 0x28],
-            format!(r#"","x"#).into_bytes(),
+            r#"","x"#.to_string().into_bytes(),
             vec![0xff],
             format!(r#"":1,"fecha_ms":{t},"stock_actual":3}}"#).into_bytes(),
         ]

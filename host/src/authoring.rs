@@ -260,8 +260,8 @@ fn build_rust(dir: &Path, out: &Path) -> Result<()> {
             continue;
         }
         if msg["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "cdylib")) {
-            let files = msg["filenames"].as_array().into_iter().flatten().filter_map(|f| f.as_str());
-            wasm = files.filter(|f| f.ends_with(".wasm")).last().map(PathBuf::from).or(wasm);
+            let mut files = msg["filenames"].as_array().into_iter().flatten().filter_map(|f| f.as_str());
+            wasm = files.rfind(|f| f.ends_with(".wasm")).map(PathBuf::from).or(wasm);
         }
     }
     let wasm = wasm.with_context(|| {

@@ -296,7 +296,7 @@ pub fn delivery_stream(spec: &DeliveryStream, out: &mut impl Write) -> io::Resul
             t += dt;
         }
     }
-    evs.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    evs.sort_by_key(|a| (a.0, a.1, a.2));
     let mut w = io::BufWriter::with_capacity(1 << 20, out);
     for &(arrival, t, r, lat, lon) in &evs {
         let part = if spec.partitions > 0 {

@@ -13,6 +13,10 @@
 //! [`job`] wires them into the single-threaded operator loop; [`pipeline`] is the job's
 //! declarative description (one TOML file); the `km0` binary is the CLI edge.
 
+// Host code handles outside data with errors, never a panic (tests may unwrap).
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod checkpoint;
 pub mod control;
 pub mod error;

@@ -1,5 +1,9 @@
 //! The `km0` command line: run, validate, deploy, plugin authoring, generate, bench.
 
+// Host code handles outside data with errors, never a panic (tests may unwrap).
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 mod authoring;
 
 use anyhow::{bail, Context, Result};

@@ -309,7 +309,6 @@ interval = "100ms"
     std::fs::write(&job, text).unwrap();
     let writer = {
         let slow = slow.clone();
-        let line = line.clone();
         std::thread::spawn(move || {
             for i in 0..40 {
                 let mut f = std::fs::OpenOptions::new().append(true).open(&slow).unwrap();

@@ -220,7 +220,8 @@ fn compiled_components_are_cached_and_a_damaged_artifact_is_replaced() {
 #[test]
 fn a_fault_in_merge_is_dead_lettered_like_one_in_add() {
     // Sliding windows merge their panes when they fire.
-    for window in ["kind = \"sliding\"\nsize = \"5m\"\nslide = \"1m\""] {
+    {
+        let window = "kind = \"sliding\"\nsize = \"5m\"\nslide = \"1m\"";
         let (dir, r) = run_hostile_windows("merge_panic", "", "", window);
         let s = r.unwrap_or_else(|e| panic!("{window}: the job goes on: {e}"));
         let reasons = dead_reasons(dir.path());

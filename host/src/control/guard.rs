@@ -80,7 +80,7 @@ impl Guard {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         name.parse::<std::net::Ipv4Addr>().is_ok()
             || name == "localhost"
-            || self.allowed_hosts.iter().any(|h| *h == name)
+            || self.allowed_hosts.contains(&name)
     }
 
     /// Take a turn from the bucket: how long to wait for it (zero: now), or None when

@@ -260,7 +260,7 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         None,
         last.and_then(|c| c.id.strip_prefix("chk-")?.parse::<f64>().ok()),
     );
-    let swaps = status.deployments.iter().filter(|d| d.status == "swapped");
+    let mut swaps = status.deployments.iter().filter(|d| d.status == "swapped");
     m.counter("plugin_swaps", "Live plugin deploys swapped in", swaps.clone().count() as u64);
     m.counter(
         "plugin_deploys_refused",
@@ -271,7 +271,7 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         "last_swap_pause",
         "How long processing stopped for the last live swap",
         Some(Unit::Seconds),
-        swaps.last().map(|d| d.pause_ms / 1e3),
+        swaps.next_back().map(|d| d.pause_ms / 1e3),
     );
     m.counter(
         "backpressure_pauses",

@@ -186,7 +186,9 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     a == b || matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
 }
 
-/// Where results go.
+/// Where results go. (One per job; boxing the larger variants would add a load to every
+/// result written.)
+#[allow(clippy::large_enum_variant)]
 pub enum ResultSink {
     Jsonl(JsonlSink),
     Kafka(kafka::KafkaSink),

@@ -289,9 +289,9 @@ mod tests {
                     if let Some((id, h)) = model.remove(&key) {
                         assert!(index.remove(id, h));
                     }
-                } else if !model.contains_key(&key) {
-                    index.insert(next_id, hash, span(), &key);
-                    model.insert(key, (next_id, hash));
+                } else if let std::collections::hash_map::Entry::Vacant(e) = model.entry(key) {
+                    index.insert(next_id, hash, span(), e.key());
+                    e.insert((next_id, hash));
                     next_id += 1;
                 }
                 if step % 97 == 0 {

@@ -37,7 +37,7 @@ pub fn show(handle: ControlHandle) -> Progress {
             bar.set_style(style);
             while !stop.load(Ordering::SeqCst) {
                 let s = handle.status();
-                if s.state.is_empty() {
+                if s.state == km0::job::commands::JobState::Starting {
                     // Not published yet.
                     std::thread::sleep(Duration::from_millis(50));
                     continue;

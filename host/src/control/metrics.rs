@@ -6,7 +6,7 @@
 //! Names follow Prometheus' conventions: `km0_` prefix, `_total` counters, seconds and
 //! bytes; labels `job`, `aggregation`, `partition`, `sink`.
 
-use crate::job::commands::JobStatus;
+use crate::job::commands::{CheckpointStatus, DeployStatus, JobStatus};
 use crate::plugin::{CallStats, CALL_BUCKETS};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
@@ -232,10 +232,10 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
     m.registry.register("plugin_faults", "Plugin calls that failed, by kind", faults);
 
     let history = &status.checkpoint_history;
-    let failed = history.iter().filter(|c| c.status == "failed").count() as u64;
+    let failed = history.iter().filter(|c| c.status == CheckpointStatus::Failed).count() as u64;
     m.counter("checkpoints", "Checkpoints taken by this run", status.checkpoints);
     m.counter("checkpoints_failed", "Checkpoints of this run that failed (of the newest 50)", failed);
-    let last = history.iter().rev().find(|c| c.status == "complete");
+    let last = history.iter().rev().find(|c| c.status == CheckpointStatus::Complete);
     m.gauge(
         "last_checkpoint_pause",
         "How long processing stopped for the newest complete checkpoint",
@@ -260,12 +260,12 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         None,
         last.and_then(|c| c.id.strip_prefix("chk-")?.parse::<f64>().ok()),
     );
-    let mut swaps = status.deployments.iter().filter(|d| d.status == "swapped");
+    let mut swaps = status.deployments.iter().filter(|d| d.status == DeployStatus::Swapped);
     m.counter("plugin_swaps", "Live plugin deploys swapped in", swaps.clone().count() as u64);
     m.counter(
         "plugin_deploys_refused",
         "Live plugin deploys refused",
-        status.deployments.iter().filter(|d| d.status == "refused").count() as u64,
+        status.deployments.iter().filter(|d| d.status == DeployStatus::Refused).count() as u64,
     );
     m.gauge(
         "last_swap_pause",

@@ -32,7 +32,7 @@ mod server;
 pub use guard::{MAX_WAIT, READS_PER_SECOND, READ_BURST};
 pub use server::{HEADER_TIMEOUT, MAX_CONNECTIONS};
 
-use crate::job::commands::{Command, ControlHandle, JobStatus, Refused, StopMode};
+use crate::job::commands::{Command, ControlHandle, JobState, JobStatus, Refused, StopMode};
 use crate::{Error, Result};
 use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
@@ -174,13 +174,10 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 
 async fn readyz(State(api): State<Api>) -> Response {
     let status = api.handle.status();
-    if status.state == "running" {
+    if status.state == JobState::Running {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the job is {}", if status.state.is_empty() { "starting" } else { &status.state }),
-        )
+        error(StatusCode::SERVICE_UNAVAILABLE, format!("the job is {}", status.state))
     }
 }
 
@@ -342,8 +339,8 @@ async fn deploy(State(api): State<Api>, Query(q): Query<DeployQuery>, request: R
     }
     let _done = Done(api.handle.deploying.clone());
     let status = api.handle.status();
-    if status.state != "running" || api.handle.closed.load(Ordering::SeqCst) {
-        return error(StatusCode::SERVICE_UNAVAILABLE, format!("the job is {:?}, not running", status.state));
+    if status.state != JobState::Running || api.handle.closed.load(Ordering::SeqCst) {
+        return error(StatusCode::SERVICE_UNAVAILABLE, format!("the job is {}, not running", status.state));
     }
     // Larger uploads are refused (413) before they are read (a length said) or whole.
     let said = request

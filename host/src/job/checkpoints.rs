@@ -143,7 +143,7 @@ impl Checkpointer {
             pause_ms: t.elapsed().as_secs_f64() * 1e3,
             write_ms: None,
             bytes: None,
-            status: "writing".into(),
+            status: super::commands::CheckpointStatus::Writing,
         };
         if self.history.len() == super::commands::CHECKPOINT_HISTORY {
             self.history.pop_front();
@@ -189,7 +189,11 @@ impl Checkpointer {
             if let Some((info, taken)) =
                 self.history.iter_mut().rev().find(|(i, _)| i.id == format!("chk-{n:06}"))
             {
-                info.status = if written.is_ok() { "complete" } else { "failed" }.into();
+                info.status = if written.is_ok() {
+                    super::commands::CheckpointStatus::Complete
+                } else {
+                    super::commands::CheckpointStatus::Failed
+                };
                 info.write_ms = Some(taken.elapsed().as_secs_f64() * 1e3);
                 info.bytes = written.as_ref().ok().copied();
             }

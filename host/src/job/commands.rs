@@ -52,6 +52,45 @@ impl Refused {
     }
 }
 
+/// What a running job is doing (`starting` until its first status is published).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    #[default]
+    Starting,
+    Running,
+    Stopping,
+    Stopped,
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JobState::Starting => "starting",
+            JobState::Running => "running",
+            JobState::Stopping => "stopping",
+            JobState::Stopped => "stopped",
+        })
+    }
+}
+
+/// What became of a live deploy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeployStatus {
+    Swapped,
+    Refused,
+}
+
+/// Where a checkpoint is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointStatus {
+    Writing,
+    Complete,
+    Failed,
+}
+
 /// One entry of a job's deploy history.
 #[derive(Debug, Clone, Serialize)]
 pub struct Deployed {
@@ -59,8 +98,7 @@ pub struct Deployed {
     pub id: u64,
     /// When the swap (or the refusal) happened, epoch ms.
     pub at_ms: i64,
-    /// `swapped` or `refused`.
-    pub status: String,
+    pub status: DeployStatus,
     /// Why it was refused.
     pub reason: Option<String>,
     /// The aggregations whose plugin was replaced.
@@ -125,15 +163,13 @@ pub struct CheckpointInfo {
     /// Bytes of its folder (when complete; RocksDB's files are shared with other
     /// checkpoints).
     pub bytes: Option<u64>,
-    /// `writing`, `complete` or `failed`.
-    pub status: String,
+    pub status: CheckpointStatus,
 }
 
 /// What a running job looks like, published by its loop.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct JobStatus {
-    /// `starting`, `running`, `stopping`, `stopped`.
-    pub state: String,
+    pub state: JobState,
     pub pipeline: String,
     pub uptime_ms: u64,
     /// The run summary's counters (`read`, `filtered`, `accepted`, `late`, ...).
@@ -274,9 +310,9 @@ impl ControlHandle {
     }
 
     /// Change the published status's state (`stopping`, `stopped`).
-    pub fn set_state(&self, state: &str) {
+    pub fn set_state(&self, state: JobState) {
         if let Ok(mut s) = self.port.status.lock() {
-            Arc::make_mut(&mut s).state = state.to_string();
+            Arc::make_mut(&mut s).state = state;
         }
     }
 }

@@ -2,7 +2,10 @@
 //! records (savepoints, deploys, stops) and publishes the job's status now and then.
 
 use super::checkpoints::{CheckpointStats, Checkpointer};
-use super::commands::{Command, ControlHandle, Deployed, JobStatus, Refused, StopMode, STATUS_EVERY};
+use super::commands::{
+    CheckpointStatus, Command, ControlHandle, DeployStatus, Deployed, JobState, JobStatus, Refused, StopMode,
+    STATUS_EVERY,
+};
 use super::route::Job;
 use super::runner::{join_writer, SavepointWriter};
 use super::runner::{write_savepoint, SavepointFailed};
@@ -101,8 +104,13 @@ impl LoopControl {
     ) {
         self.published = Instant::now();
         self.sample(job.counters().read);
-        let mut status =
-            self.status(pipeline, job, source, stats, if stopping { "stopping" } else { "running" });
+        let mut status = self.status(
+            pipeline,
+            job,
+            source,
+            stats,
+            if stopping { JobState::Stopping } else { JobState::Running },
+        );
         if let Some(c) = checkpoints {
             status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
         }
@@ -217,7 +225,7 @@ impl LoopControl {
         let mut record = Deployed {
             id: self.deployments.len() as u64 + 1,
             at_ms: metrics::now_ms(),
-            status: "swapped".into(),
+            status: DeployStatus::Swapped,
             reason: None,
             aggregations: deployment
                 .plugins
@@ -265,7 +273,7 @@ impl LoopControl {
             }
             Err(NotSwapped::Refused(refused, savepoint)) => {
                 tracing::warn!(reason = %refused.reason, "live deploy refused; the job goes on unchanged");
-                record.status = "refused".into();
+                record.status = DeployStatus::Refused;
                 record.reason = Some(refused.reason.clone());
                 record.savepoint = savepoint;
                 record.pause_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -343,20 +351,20 @@ impl LoopControl {
         let checkpoint = p.checkpoint.as_ref().map(|id| {
             checkpoints
                 .and_then(|c| c.history.iter().find(|(info, _)| info.id == *id))
-                .map_or("failed".to_string(), |(info, _)| info.status.clone())
+                .map_or(CheckpointStatus::Failed, |(info, _)| info.status)
         });
         let written = p.writer.as_ref().is_none_or(|w| w.is_finished());
-        if !wait && (!written || checkpoint.as_deref() == Some("writing")) {
+        if !wait && (!written || checkpoint == Some(CheckpointStatus::Writing)) {
             return;
         }
         let Some(p) = self.pending.take() else { return };
         let savepoint = p.writer.map_or(Ok(()), join_writer);
-        let answer = match (savepoint, checkpoint.as_deref()) {
+        let answer = match (savepoint, checkpoint) {
             (Err(e), _) => Err(Refused::new(
                 500,
                 format!("the plugin was swapped, but its rollback savepoint failed: {e}"),
             )),
-            (Ok(()), None | Some("complete")) => Ok(p.record),
+            (Ok(()), None | Some(CheckpointStatus::Complete)) => Ok(p.record),
             (Ok(()), Some(_)) => Err(Refused::new(
                 500,
                 format!(
@@ -374,10 +382,10 @@ impl LoopControl {
         job: &Job,
         source: &Source,
         stats: &CheckpointStats,
-        state: &str,
+        state: JobState,
     ) -> JobStatus {
         JobStatus {
-            state: state.to_string(),
+            state,
             pipeline: pipeline.name.clone(),
             uptime_ms: self.t0.elapsed().as_millis() as u64,
             counters: job.counters(),

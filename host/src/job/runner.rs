@@ -269,7 +269,7 @@ pub(super) fn start(
     }
     // A stop that drains ends like the input: every open window fires below.
     if let Some(handle) = &control {
-        handle.set_state("stopping");
+        handle.set_state(super::commands::JobState::Stopping);
         // Commands that came after the stop are answered now.
         handle.refuse_waiting("the job is stopping");
     }
@@ -312,7 +312,7 @@ pub(super) fn start(
     }
     ended?;
     if let Some(handle) = &control {
-        handle.set_state("stopped");
+        handle.set_state(super::commands::JobState::Stopped);
     }
     let elapsed = t0.elapsed();
     let cpu = metrics::thread_cpu_time().saturating_sub(cpu0);

@@ -2,12 +2,14 @@
 # Run every test: build the WASM plugins from plugins/, install the broker (tansu) and
 # PostgreSQL that the Kafka tests start and the browser the UI test drives, then the
 # workspace's unit and end-to-end tests (release profile, shared target folder), then
-# clippy (warnings denied) and the format check.
+# clippy (warnings denied), the import-cycle check and the format check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/km0-target}"
 ./scripts/setup.sh
 start=$(date +%s)
+echo "== module cycles (the host's top-level modules point one way)"
+python3 scripts/module-cycles.py host/src
 ./scripts/build-plugins.sh
 # The broker the Kafka tests start (on loopback). On a fresh machine it builds from source
 # (about 14 minutes on two cores), so it builds in the background while km0 and its tests

@@ -1,4 +1,5 @@
-//! The library's error type: every failure says what it was doing and on what.
+//! The library's error types: every failure says what it was doing and on what, and a
+//! [`Refusal`] why a plugin or a savepoint cannot take a job's state.
 
 use std::path::PathBuf;
 
@@ -32,7 +33,19 @@ pub enum Error {
 
     /// A new plugin version cannot take over the savepoint's state.
     #[error("deploy refused: {0}")]
-    Deploy(String),
+    Deploy(#[source] Box<Refusal>),
+
+    /// A plugin the pipeline cannot run as configured.
+    #[error(transparent)]
+    Refused(Box<Refusal>),
+
+    /// A savepoint's state does not fit this job (its pipeline or plugins).
+    #[error("savepoint {path}: {refusal}")]
+    Unfit {
+        path: PathBuf,
+        #[source]
+        refusal: Box<Refusal>,
+    },
 
     /// A Kafka client could not do its part (connect, read, write, commit).
     #[error("kafka ({brokers}): {message}")]
@@ -42,12 +55,152 @@ pub enum Error {
     #[error("postgres sink ({table}): {message}")]
     Postgres { table: String, message: String },
 
+    /// A socket of the control API: its own (listen), or a job's it calls.
+    #[error("{what}: {source}")]
+    Control {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The RocksDB state backend could not do its part.
+    #[error("RocksDB {what} {path}: {source}")]
+    Rocks {
+        what: String,
+        path: PathBuf,
+        #[source]
+        source: rocksdb::Error,
+    },
+
+    /// An address that does not parse.
+    #[error("{flag} {addr}: not an address (HOST:PORT): {source}")]
+    Address {
+        flag: &'static str,
+        addr: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+
     /// Bad command-line or runtime usage.
     #[error("{0}")]
     Usage(String),
 }
 
+/// Why a plugin, a component or a savepoint's state was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// Another plugin (by name) would take an aggregation's state.
+    #[error(
+        "aggregation {aggregation:?} holds state of plugin {held:?}; plugin {offered:?} is different logic \
+         and cannot take it"
+    )]
+    OtherLogic { aggregation: String, held: String, offered: String },
+
+    /// A deployed plugin replaces none of the aggregations.
+    #[error(
+        "the state is held by plugin(s) {held:?}; plugin {offered:?} is different logic and cannot take it"
+    )]
+    ReplacesNothing { held: Vec<String>, offered: String },
+
+    /// A deploy named an aggregation the job does not have.
+    #[error("no aggregation {name:?}; the job has {known:?}")]
+    NoAggregation { name: String, known: Vec<String> },
+
+    /// The savepoint holds no state for one of the pipeline's aggregations.
+    #[error("holds no state for aggregation {0:?}")]
+    NoState(String),
+
+    /// The savepoint was taken from a pipeline whose state is laid out otherwise.
+    #[error(
+        "was taken from pipeline {saved:?} with other keys, windows, event-time field or filter; its state \
+         does not fit pipeline {pipeline:?}"
+    )]
+    OtherPipeline { saved: String, pipeline: String },
+
+    /// A saved key does not have as many fields as the pipeline's key.
+    #[error("key {fields:?} does not have {want} fields")]
+    KeyArity { fields: Vec<String>, want: usize },
+
+    /// The plugin reads more key fields than the pipeline's key has.
+    #[error(
+        "aggregation {aggregation:?}: plugin {plugin} reads {reads} key fields from every group, but the \
+         pipeline's key {key:?} has {}",
+        key.len()
+    )]
+    KeyFields { aggregation: String, plugin: String, reads: u32, key: Vec<String> },
+
+    /// Rows held for an ordered plugin do not fit the new plugin's fields.
+    #[error(
+        "aggregation {aggregation:?}: {rows} rows are held that plugin {plugin} must take in order, with \
+         {values} values each (the first: {first}), but its fields are [{}]: a plugin whose fields \
+         change cannot take them; deploy it when no rows are held (after the input ends), or keep its \
+         fields",
+        fields.join(", ")
+    )]
+    UnfitRows {
+        aggregation: String,
+        rows: usize,
+        plugin: String,
+        values: usize,
+        first: String,
+        fields: Vec<String>,
+    },
+
+    /// The new plugin could not migrate the accumulators of the old state schema.
+    #[error("{plugin} (state schema {to}) cannot take the state of {from_plugin} (schema {from}): {source}")]
+    Migration {
+        plugin: String,
+        to: u32,
+        from_plugin: String,
+        from: u32,
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// A resume (not a deploy) with a plugin of another state schema.
+    #[error(
+        "the savepoint's accumulators have state schema {from} but {plugin} uses schema {to}: deploy it with \
+         `km0 deploy PLUGIN.wasm --from-savepoint {savepoint}` to migrate"
+    )]
+    SchemaChanged { from: u32, to: u32, plugin: String, savepoint: String },
+
+    /// The component is larger than a live deploy takes.
+    #[error("the component has {bytes} bytes; at most {max}")]
+    TooLarge { bytes: usize, max: usize },
+
+    /// The bytes are not a component that implements the contract.
+    #[error("not a km0 plugin: {0}")]
+    NotAPlugin(#[source] Box<Error>),
+
+    /// The plugin refused an aggregation's configuration (or could not be instantiated).
+    #[error("aggregation {aggregation:?}: {source}")]
+    Configure {
+        aggregation: String,
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// The plugins' fields cannot be decoded from the pipeline's records.
+    #[error("{0}")]
+    Fields(#[source] Box<Error>),
+
+    /// The job has not started its loop yet.
+    #[error("the job is starting; try again")]
+    Starting,
+}
+
+impl From<Refusal> for Error {
+    fn from(r: Refusal) -> Error {
+        Error::Refused(Box::new(r))
+    }
+}
+
 impl Error {
+    /// A deploy that was refused.
+    pub fn deploy(r: Refusal) -> Self {
+        Error::Deploy(Box::new(r))
+    }
+
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { action, path: path.into(), source }
     }

@@ -359,9 +359,11 @@ fn control(
         Some(a) => a,
         None => km0::control::DEFAULT_ADDR,
     };
-    let parsed: std::net::SocketAddr = addr
-        .parse()
-        .map_err(|e| km0::Error::Usage(format!("--http {addr}: not an address (HOST:PORT): {e}")))?;
+    let parsed: std::net::SocketAddr = addr.parse().map_err(|e| km0::Error::Address {
+        flag: "--http",
+        addr: addr.to_string(),
+        source: e,
+    })?;
     // Beside the job's state folder (which a RocksDB start clears), not in it.
     let token = km0::control::token_for(&parsed, &pipeline.state.dir.with_extension("token"))?;
     let mut handle = job::commands::ControlHandle::new();

@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// A parsed, validated pipeline with absolute paths.
 #[derive(Debug, Clone)]
@@ -245,9 +246,9 @@ pub struct PluginSpec {
     /// Maximum events per call into the plugin.
     pub batch_size: usize,
     /// CPU time per call and memory of the instance.
-    pub limits: crate::plugin::Limits,
+    pub limits: Limits,
     /// What a plugin fault does to the job.
-    pub on_error: crate::plugin::OnError,
+    pub on_error: OnError,
 }
 
 #[derive(Debug, Clone)]
@@ -427,7 +428,7 @@ struct RawPlugin {
     #[serde(default)]
     max_memory_mb: Option<usize>,
     #[serde(default)]
-    on_error: crate::plugin::OnError,
+    on_error: OnError,
 }
 
 #[derive(Deserialize)]
@@ -571,12 +572,12 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
         let json = serde_json::to_string(&v).map_err(|e| format!("`{at}.config.{k}`: {e}"))?;
         config.push((k, json));
     }
-    let mut limits = crate::plugin::Limits::default();
+    let mut limits = Limits::default();
     if let Some(ms) = p.call_timeout {
         if ms < 10 {
             return Err(format!("`{at}.call_timeout` must be at least 10ms"));
         }
-        limits.call_timeout = std::time::Duration::from_millis(ms as u64);
+        limits.call_timeout = Duration::from_millis(ms as u64);
     }
     if let Some(mb) = p.max_memory_mb {
         if mb == 0 {
@@ -872,6 +873,34 @@ pub fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
         s
     })
+}
+
+/// What one plugin instance may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Time one call may take (wall-clock time while its guest runs, counted in epochs
+    /// of [`crate::plugin::EPOCH`]); a call that runs longer is stopped.
+    pub call_timeout: Duration,
+    /// Linear memory of the instance: all its memories and tables together.
+    pub memory_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { call_timeout: Duration::from_secs(10), memory_bytes: 512 << 20 }
+    }
+}
+
+/// What happens when a plugin traps, runs out of time or memory, or returns garbage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Stop the job with the error (it restarts from its last checkpoint or savepoint).
+    Fail,
+    /// Recreate the instance, find the groups that fail by calling again one group at a
+    /// time, send their events to the dead-letter output with the reason, and go on.
+    #[default]
+    DeadLetter,
 }
 
 #[cfg(test)]

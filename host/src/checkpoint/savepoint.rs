@@ -24,14 +24,13 @@
 //! complete or absent; it is never modified afterwards. Reading verifies the checksums.
 
 use crate::pipeline::hex;
-use crate::plugin::batch::Value;
 use crate::plugin::PluginIdentity;
 use crate::sink::SinkPosition;
 use crate::source::SourcePosition;
-use crate::state::captured::put_key;
+use crate::state::saved::{encode_rows_into, OperatorCounters, Reader, SavedSlot, Snapshot};
 use crate::time::WatermarkState;
-use crate::window::operator::{Capture, OperatorCounters, SavedRow, SavedSlot, Snapshot};
-use crate::window::Window;
+use crate::time::Window;
+use crate::window::operator::Capture;
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -81,7 +80,7 @@ pub struct SavepointMeta {
     pub operators: Vec<OperatorMeta>,
     pub source: SourcePosition,
     pub watermark: WatermarkState,
-    pub counters: crate::job::Counters,
+    pub counters: crate::state::saved::Counters,
     pub sinks: Vec<SinkPosition>,
     pub state: StateFile,
     /// This snapshot's id (random): committing sinks record it with the epoch committed
@@ -111,11 +110,6 @@ fn corrupt(path: &Path, message: impl Into<String>) -> Error {
     Error::Savepoint { path: path.to_path_buf(), message: message.into() }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
 fn encode_state(captures: &[Capture]) -> Vec<u8> {
     let len = captures.iter().map(|c| c.slots.encoded_len() + 16).sum::<usize>() + 16;
     let mut out = Vec::with_capacity(len);
@@ -130,53 +124,6 @@ fn encode_state(captures: &[Capture]) -> Vec<u8> {
         encode_rows_into(&mut out, &c.rows);
     }
     out
-}
-
-/// Staged rows: u64 count, then each row as in `state.bin`.
-pub fn encode_rows(rows: &[SavedRow]) -> Vec<u8> {
-    let mut out = Vec::new();
-    encode_rows_into(&mut out, rows);
-    out
-}
-
-fn encode_rows_into(out: &mut Vec<u8>, rows: &[SavedRow]) {
-    out.extend_from_slice(&(rows.len() as u64).to_le_bytes());
-    for r in rows {
-        put_key(out, &r.key);
-        out.extend_from_slice(&r.id.to_le_bytes());
-        out.extend_from_slice(&r.time.to_le_bytes());
-        out.extend_from_slice(&(r.values.len() as u32).to_le_bytes());
-        for v in &r.values {
-            match v {
-                Value::Int(x) => {
-                    out.push(0);
-                    out.extend_from_slice(&x.to_le_bytes());
-                }
-                Value::Float(x) => {
-                    out.push(1);
-                    out.extend_from_slice(&x.to_bits().to_le_bytes());
-                }
-                Value::Text(x) => {
-                    out.push(2);
-                    put_str(out, x);
-                }
-                Value::Bool(x) => {
-                    out.push(3);
-                    out.push(*x as u8);
-                }
-            }
-        }
-    }
-}
-
-/// Inverse of [`encode_rows`].
-pub fn decode_rows(bytes: &[u8]) -> Result<Vec<SavedRow>, String> {
-    let mut r = Reader(bytes);
-    let rows = r.rows()?;
-    if !r.0.is_empty() {
-        return Err("bytes after the rows".into());
-    }
-    Ok(rows)
 }
 
 /// Write a snapshot whose state a backend writes itself (RocksDB): `write_state` fills
@@ -365,79 +312,6 @@ pub fn read(dir: &Path) -> Result<Savepoint> {
         snap.counters = op.counters.clone();
     }
     Ok(Savepoint { path: dir.to_path_buf(), meta, snapshots })
-}
-
-/// Little-endian reader over a state file.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err("truncated".into());
-        }
-        let (a, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(a)
-    }
-    fn arr<const N: usize>(&mut self) -> Result<[u8; N], String> {
-        self.take(N)?.try_into().map_err(|_| "truncated".to_string())
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.arr()?))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.arr()?))
-    }
-    fn i64(&mut self) -> Result<i64, String> {
-        Ok(i64::from_le_bytes(self.arr()?))
-    }
-    fn string(&mut self) -> Result<String, String> {
-        let len = self.u32()? as usize;
-        Ok(std::str::from_utf8(self.take(len)?).map_err(|_| "string is not UTF-8")?.to_string())
-    }
-    /// A key: u32 field count, then each field as a u32 length and its UTF-8 bytes. After
-    /// the count that is the encoded key itself (see [`crate::state::push_key_field`]):
-    /// its fields are checked, then it is copied whole.
-    fn key(&mut self) -> Result<Vec<u8>, String> {
-        let arity = self.u32()?;
-        let encoded = self.0;
-        for _ in 0..arity {
-            let len = self.u32()? as usize;
-            if !crate::state::utf8_field(self.take(len)?) {
-                return Err("key field is not UTF-8".into());
-            }
-        }
-        Ok(encoded[..encoded.len() - self.0.len()].to_vec())
-    }
-    fn count(&mut self) -> Result<usize, String> {
-        let n = self.u64()?;
-        // Every item takes at least 8 bytes: a larger count is corruption.
-        if n > self.0.len() as u64 / 8 {
-            return Err("count larger than the file".into());
-        }
-        Ok(n as usize)
-    }
-    fn rows(&mut self) -> Result<Vec<SavedRow>, String> {
-        let mut rows = Vec::new();
-        for _ in 0..self.count()? {
-            let key = self.key()?;
-            let id = self.i64()?;
-            let time = self.i64()?;
-            let n = self.u32()?;
-            let mut values = Vec::new();
-            for _ in 0..n {
-                values.push(match self.take(1)?[0] {
-                    0 => Value::Int(self.i64()?),
-                    1 => Value::Float(f64::from_bits(self.u64()?)),
-                    2 => Value::Text(self.string()?),
-                    3 => Value::Bool(self.take(1)?[0] != 0),
-                    t => return Err(format!("unknown value tag {t}")),
-                });
-            }
-            rows.push(SavedRow { key, id, time, values });
-        }
-        Ok(rows)
-    }
 }
 
 fn decode_state(b: &[u8]) -> Result<Vec<Snapshot>, String> {

@@ -17,7 +17,8 @@ pub fn send(url: &str, method: &str, path: &str, token: Option<&str>, body: &[u8
     let host = url.trim_end_matches('/').strip_prefix("http://").ok_or_else(|| {
         Error::Usage(format!("--job {url}: give the job's control address as http://HOST:PORT"))
     })?;
-    let fail = |e: std::io::Error| Error::Usage(format!("the job at {url} does not answer: {e}"));
+    let fail =
+        |e: std::io::Error| Error::Control { what: format!("the job at {url} does not answer"), source: e };
     let mut stream = TcpStream::connect(host).map_err(fail)?;
     stream.set_read_timeout(Some(Duration::from_secs(180))).map_err(fail)?;
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();

@@ -33,6 +33,7 @@ pub use guard::{MAX_WAIT, READS_PER_SECOND, READ_BURST};
 pub use server::{HEADER_TIMEOUT, MAX_CONNECTIONS};
 
 use crate::job::commands::{Command, ControlHandle, JobState, JobStatus, Refused, StopMode};
+use crate::job::upgrade::Refusal;
 use crate::{Error, Result};
 use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
@@ -127,10 +128,16 @@ pub fn serve(
     allowed_hosts: Vec<String>,
     handle: ControlHandle,
 ) -> Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind(addr)
-        .map_err(|e| Error::Usage(format!("the control API cannot listen on {addr}: {e}")))?;
-    let bound = listener.local_addr().map_err(|e| Error::Usage(format!("control API address: {e}")))?;
-    listener.set_nonblocking(true).map_err(|e| Error::Usage(format!("control API socket: {e}")))?;
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| Error::Control {
+        what: format!("the control API cannot listen on {addr}"),
+        source: e,
+    })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::Control { what: "the control API's address".into(), source: e })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::Control { what: "the control API's socket".into(), source: e })?;
     let guard = Arc::new(guard::Guard::new(token, allowed_hosts, UI));
     let api = Api { handle, rendered: Arc::default() };
     std::thread::Builder::new()
@@ -148,7 +155,7 @@ pub fn serve(
                 server::run(listener, router(api, guard)).await;
             })
         })
-        .map_err(|e| Error::Usage(format!("control API thread: {e}")))?;
+        .map_err(|e| Error::Control { what: "the control API's thread".into(), source: e })?;
     tracing::info!(address = %bound, "control API listening");
     Ok(bound)
 }
@@ -394,7 +401,31 @@ async fn deploy(State(api): State<Api>, Query(q): Query<DeployQuery>, request: R
     }
 }
 
+/// A refused or failed command as an HTTP answer: the one place where a refusal gets
+/// its status.
 fn refusal(refused: Refused) -> Response {
-    let status = StatusCode::from_u16(refused.status).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
-    error(status, refused.reason)
+    error(status_of(&refused), refused.to_string())
+}
+
+fn status_of(refused: &Refused) -> StatusCode {
+    match refused {
+        Refused::Upgrade(r) => match r {
+            Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::NotAPlugin(_) => StatusCode::BAD_REQUEST,
+            Refusal::NoAggregation { .. } => StatusCode::NOT_FOUND,
+            Refusal::OtherLogic { .. } | Refusal::ReplacesNothing { .. } => StatusCode::CONFLICT,
+            Refusal::Starting => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::NoState(_)
+            | Refusal::OtherPipeline { .. }
+            | Refusal::KeyArity { .. }
+            | Refusal::KeyFields { .. }
+            | Refusal::UnfitRows { .. }
+            | Refusal::Migration { .. }
+            | Refusal::SchemaChanged { .. }
+            | Refusal::Configure { .. }
+            | Refusal::Fields(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        },
+        Refused::Closed(_) => StatusCode::CONFLICT,
+        Refused::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }

@@ -82,7 +82,7 @@ impl Checkpointer {
     }
 
     /// Records from `records` on until a checkpoint is due by record count (None: none is
-    /// counted): the loop takes no more in a row (`runner::run_length`).
+    /// counted): the loop takes no more in a row (`running::run_length`).
     pub(super) fn records_until_due(&self, records: u64) -> Option<u64> {
         self.spec.every_records.map(|n| (self.records_at_last + n).saturating_sub(records))
     }

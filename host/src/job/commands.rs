@@ -30,7 +30,7 @@ pub enum Command {
 impl Command {
     /// Answer without carrying it out (the job has stopped, or is stopping).
     pub fn refuse(self, why: &str) {
-        let refused = Refused::new(409, why);
+        let refused = Refused::Closed(why.to_string());
         match self {
             Command::Savepoint { reply } => drop(reply.send(Err(refused))),
             Command::Stop { reply, .. } => drop(reply.send(Err(refused))),
@@ -39,17 +39,19 @@ impl Command {
     }
 }
 
-/// A command that was refused or failed: why, and the HTTP status that says so.
-#[derive(Debug, Clone)]
-pub struct Refused {
-    pub status: u16,
-    pub reason: String,
-}
-
-impl Refused {
-    pub fn new(status: u16, reason: impl Into<String>) -> Refused {
-        Refused { status, reason: reason.into() }
-    }
+/// A command that was refused or failed, and why (the control API says it with an HTTP
+/// status of its choosing).
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// A plugin or component that cannot take the job's state: the job goes on unchanged.
+    #[error(transparent)]
+    Upgrade(#[from] super::upgrade::Refusal),
+    /// The job is stopping or has stopped.
+    #[error("{0}")]
+    Closed(String),
+    /// The command was carried out and failed (a savepoint that could not be written).
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// What a running job is doing (`starting` until its first status is published).

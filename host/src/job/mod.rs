@@ -6,12 +6,14 @@
 //! Every aggregation of a pipeline reads the same decoded event: one parse serves all.
 //!
 //! - this module: the API (`run`, `deploy`, `validate`) and what a run reports;
-//! - [`runner`]: opening everything and the loop;
+//! - [`running`]: a running job as one object ([`RunningJob`]: open, step, savepoint,
+//!   swap, finish);
 //! - [`route`]: the job's state and what happens to one record (routing, side outputs,
 //!   snapshots and restores);
 //! - [`checkpoints`]: periodic checkpoints, taken between records;
 //! - [`port`]: the loop's side of the control API (commands, status);
-//! - [`swap`]: live plugin deploys.
+//! - [`swap`]: live plugin deploys;
+//! - [`upgrade`]: the rules a plugin must pass to take over a job's state.
 //!
 //! [`WindowOperator`]: crate::window::operator::WindowOperator
 
@@ -19,12 +21,14 @@ mod checkpoints;
 pub mod commands;
 mod port;
 mod route;
-mod runner;
+mod running;
 pub mod signals;
 pub mod swap;
+pub mod upgrade;
 
 use route::Job;
-use runner::start;
+use running::RunningJob;
+use upgrade::Refusal;
 
 use crate::checkpoint::components::Component;
 use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile};
@@ -38,42 +42,17 @@ use crate::sink::{DeadLetterSink, JsonlSink, ResultSink};
 use crate::source::kafka::PartitionLag;
 use crate::source::{Position, Source, SourcePosition};
 use crate::state::rocks::{Changes, RocksState};
+pub use crate::state::saved::Counters;
+use crate::time::Window;
 use crate::time::{Idleness, Watermarks};
 use crate::window::operator::{Capture, Emitted, OperatorCounters, Verdict, WindowOperator};
-use crate::window::Window;
 use crate::{metrics, Error, Result};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use crate::source::decode::MAX_FIELDS;
 pub use route::{MAX_FIELD_PARTITIONS, MAX_PARTITION_NAME};
-
-/// What happened to the records, cumulative across savepoint resumes. The per-event
-/// counts are summed over the pipeline's aggregations.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counters {
-    /// Records read from the source.
-    pub read: u64,
-    /// Records that did not match the pipeline's filter.
-    pub filtered: u64,
-    /// Records sent to the dead-letter output.
-    pub dead_lettered: u64,
-    /// Events past every window's allowed lateness (late side output).
-    pub late: u64,
-    /// Accepted events whose window had already fired (re-emitted within lateness).
-    pub late_updates: u64,
-    /// Events added to a window.
-    pub accepted: u64,
-    /// Window results computed (with or without output).
-    pub windows_fired: u64,
-    /// Result records written.
-    pub emitted: u64,
-    /// Retractions written (a session's result superseded under another key).
-    #[serde(default)]
-    pub retracted: u64,
-}
 
 /// Command-line overrides of a run.
 #[derive(Debug, Clone, Default)]
@@ -180,7 +159,7 @@ pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> R
         _ => None,
     };
     let plugins = load_plugins(pipeline, runtime, restore.as_ref().map(|r| &r.savepoint), None)?;
-    start(pipeline, opts, plugins, restore, Upgrade::Resume, t0)
+    RunningJob::open(pipeline, opts, plugins, restore, Upgrade::Resume, t0)?.run()
 }
 
 /// What a run starts from.
@@ -206,18 +185,17 @@ pub fn deploy(
     // Only its name here: each aggregation it replaces configures it with its own
     // `[plugin.config]` and limits (load_plugins).
     let label = plugin_path.display().to_string();
-    let (identity, _) =
-        runtime.inspect_bytes(&label, &component.bytes).map_err(|e| Error::Deploy(format!("{e}")))?;
+    let (identity, _) = runtime
+        .inspect_bytes(&label, &component.bytes)
+        .map_err(|e| Error::deploy(Refusal::NotAPlugin(Box::new(e))))?;
     let name = identity.name;
     if !restore.meta.operators.iter().any(|o| o.plugin.name == name) {
-        let held: Vec<&str> = restore.meta.operators.iter().map(|o| o.plugin.name.as_str()).collect();
-        return Err(Error::Deploy(format!(
-            "the savepoint holds state of plugin(s) {held:?}; plugin {name:?} is different logic and cannot take it"
-        )));
+        let held = restore.meta.operators.iter().map(|o| o.plugin.name.clone()).collect();
+        return Err(Error::deploy(Refusal::ReplacesNothing { held, offered: name }));
     }
     let plugins = load_plugins(pipeline, runtime, Some(&restore), Some((&label, &component, &name)))?;
     let restore = Restore { savepoint: restore, checkpoint: None };
-    start(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now())
+    RunningJob::open(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now())?.run()
 }
 
 /// The plugin of every aggregation, and the deployed component it runs when that is not
@@ -243,7 +221,9 @@ fn load_plugins(
             if let Some((label, c, _)) =
                 deploy.filter(|(_, _, name)| saved.is_some_and(|o| o.plugin.name == *name))
             {
-                let p = load(label, c).map_err(|e| Error::Deploy(format!("{e}")))?;
+                let p = load(label, c).map_err(|e| {
+                    Error::deploy(Refusal::Configure { aggregation: a.name.clone(), source: Box::new(e) })
+                })?;
                 return Ok((p, Some(c.clone())));
             }
             let bytes =

@@ -1,15 +1,13 @@
 //! The loop's side of the control port: it takes the commands waiting between two
 //! records (savepoints, deploys, stops) and publishes the job's status now and then.
 
-use super::checkpoints::{CheckpointStats, Checkpointer};
 use super::commands::{
     CheckpointStatus, Command, ControlHandle, DeployStatus, Deployed, JobState, JobStatus, Refused, StopMode,
     STATUS_EVERY,
 };
-use super::route::Job;
-use super::runner::{join_writer, SavepointWriter};
-use super::runner::{write_savepoint, SavepointFailed};
+use super::running::{join_writer, RunningJob, SavepointFailed, SavepointWriter};
 use super::swap::NotSwapped;
+use super::upgrade::Refusal;
 use super::*;
 use std::sync::mpsc::Sender;
 
@@ -18,7 +16,6 @@ type DeployReply = Sender<std::result::Result<Deployed, Refused>>;
 
 pub(super) struct LoopControl {
     handle: ControlHandle,
-    savepoint_dir: PathBuf,
     t0: Instant,
     published: Instant,
     /// The savepoints this run has written (on demand, rollback points), oldest first.
@@ -44,10 +41,9 @@ struct PendingDeploy {
 }
 
 impl LoopControl {
-    pub(super) fn new(handle: ControlHandle, savepoint_dir: PathBuf, t0: Instant) -> LoopControl {
+    pub(super) fn new(handle: ControlHandle, t0: Instant) -> LoopControl {
         LoopControl {
             handle,
-            savepoint_dir,
             t0,
             published: Instant::now() - STATUS_EVERY,
             savepoints: Vec::new(),
@@ -74,47 +70,23 @@ impl LoopControl {
 
     /// Take the commands waiting (a savepoint or a deploy happens at once; a stop is
     /// returned to the loop) and publish the status when due; then reply to the commands.
-    pub(super) fn serve(
-        &mut self,
-        pipeline: &Pipeline,
-        job: &mut Job,
-        source: &mut Source,
-        mut checkpoints: Option<&mut Checkpointer>,
-        stats: &mut CheckpointStats,
-    ) -> Result<Option<(StopMode, StopReply)>> {
+    pub(super) fn serve(&mut self, running: &mut RunningJob) -> Result<Option<(StopMode, StopReply)>> {
         // After a command, the status shows its effect at once.
-        let (acted, served) = self.take_commands(pipeline, job, source, checkpoints.as_deref_mut(), stats);
+        let (acted, served) = self.take_commands(running);
         if self.published.elapsed() >= STATUS_EVERY || acted || !self.answers.is_empty() {
             let stopping = matches!(served, Ok(Some(_)));
-            self.publish(pipeline, job, source, checkpoints.as_deref(), stats, stopping);
+            self.publish(running, stopping);
         }
         self.send_answers();
         served
     }
 
     /// Publish the job's status now (`stopping`: a stop was asked for).
-    pub(super) fn publish(
-        &mut self,
-        pipeline: &Pipeline,
-        job: &Job,
-        source: &Source,
-        checkpoints: Option<&Checkpointer>,
-        stats: &CheckpointStats,
-        stopping: bool,
-    ) {
+    pub(super) fn publish(&mut self, running: &RunningJob, stopping: bool) {
         self.published = Instant::now();
-        self.sample(job.counters().read);
-        let mut status = self.status(
-            pipeline,
-            job,
-            source,
-            stats,
-            if stopping { JobState::Stopping } else { JobState::Running },
-        );
-        if let Some(c) = checkpoints {
-            status.checkpoint_history = c.history.iter().map(|(info, _)| info.clone()).collect();
-        }
-        self.handle.publish(status);
+        let status = running.status(if stopping { JobState::Stopping } else { JobState::Running });
+        self.sample(status.counters.read);
+        self.handle.publish(self.completed(status));
     }
 
     /// A live deploy's rollback savepoint is still being written by its own thread (memory
@@ -125,14 +97,7 @@ impl LoopControl {
     }
 
     /// The commands waiting, carried out: whether there were any, and the stop asked for.
-    fn take_commands(
-        &mut self,
-        pipeline: &Pipeline,
-        job: &mut Job,
-        source: &mut Source,
-        mut checkpoints: Option<&mut Checkpointer>,
-        stats: &mut CheckpointStats,
-    ) -> (bool, Result<Option<(StopMode, StopReply)>>) {
+    fn take_commands(&mut self, running: &mut RunningJob) -> (bool, Result<Option<(StopMode, StopReply)>>) {
         let mut acted = false;
         let mut stop = None;
         let served = loop {
@@ -143,12 +108,8 @@ impl LoopControl {
             let Some(command) = command else { break Ok(()) };
             acted = true;
             let done = match command {
-                Command::Savepoint { reply } => {
-                    self.savepoint(pipeline, job, source, checkpoints.as_deref_mut(), reply)
-                }
-                Command::Deploy { deployment, reply } => {
-                    self.deploy(pipeline, job, source, checkpoints.as_deref_mut(), deployment, reply)
-                }
+                Command::Savepoint { reply } => self.savepoint(running, reply),
+                Command::Deploy { deployment, reply } => self.deploy(running, deployment, reply),
                 Command::Stop { mode, reply } => {
                     stop = Some((mode, reply));
                     break Ok(());
@@ -158,10 +119,8 @@ impl LoopControl {
                 break Err(e);
             }
         };
-        let served = served.and_then(|()| {
-            self.checkpoint_after_swap(pipeline, job, source, checkpoints.as_deref_mut(), stats)
-        });
-        self.answer_pending(checkpoints.as_deref(), false);
+        let served = served.and_then(|()| self.checkpoint_after_swap(running));
+        self.answer_pending(running, false);
         (acted, served.map(|()| stop))
     }
 
@@ -170,17 +129,12 @@ impl LoopControl {
     /// (as in Flink): nothing of it is kept, and the job goes on.
     fn savepoint(
         &mut self,
-        pipeline: &Pipeline,
-        job: &mut Job,
-        source: &mut Source,
-        mut checkpoints: Option<&mut Checkpointer>,
+        running: &mut RunningJob,
         reply: Sender<std::result::Result<PathBuf, Refused>>,
     ) -> Result<()> {
-        if let Some(c) = checkpoints.as_deref_mut() {
-            c.completed(job, source, true)?;
-        }
-        self.answer_pending(checkpoints.as_deref(), true);
-        match write_savepoint(job, pipeline, source, checkpoints, &self.savepoint_dir) {
+        running.complete_snapshot(true)?;
+        self.answer_pending(running, true);
+        match running.savepoint() {
             Ok((path, _)) => {
                 self.saved(&path);
                 self.answer(reply, Ok(path));
@@ -188,11 +142,11 @@ impl LoopControl {
             }
             Err(SavepointFailed::Savepoint(e)) => {
                 tracing::warn!(error = %e, "savepoint failed; the job goes on");
-                self.answer(reply, Err(Refused::new(500, format!("the savepoint failed: {e}"))));
+                self.answer(reply, Err(Refused::Failed(format!("the savepoint failed: {e}"))));
                 Ok(())
             }
             Err(SavepointFailed::Job(e)) => {
-                self.answer(reply, Err(Refused::new(500, e.to_string())));
+                self.answer(reply, Err(Refused::Failed(e.to_string())));
                 Err(e)
             }
         }
@@ -202,10 +156,7 @@ impl LoopControl {
     /// savepoint and the checkpoint taken after the swap.
     fn deploy(
         &mut self,
-        pipeline: &Pipeline,
-        job: &mut Job,
-        source: &mut Source,
-        mut checkpoints: Option<&mut Checkpointer>,
+        running: &mut RunningJob,
         deployment: super::swap::Deployment,
         reply: DeployReply,
     ) -> Result<()> {
@@ -213,13 +164,15 @@ impl LoopControl {
         // (The API sends one deploy at a time: none is pending.) A sink that commits when a
         // snapshot is durable sees them in order; an incremental rollback savepoint waits
         // for the checkpoint being written by itself.
-        if let Some(c) = checkpoints.as_deref_mut() {
-            if job.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
-                c.completed(job, source, true)?;
-            }
+        if running.commits_on_completion() {
+            running.complete_snapshot(true)?;
         }
+        let pipeline = running.pipeline();
+        let running_plugins = running.plugins();
         let Some(to) = deployment.plugins.first().map(|(_, p)| p.identity().clone()) else {
-            self.answer(reply, Err(Refused::new(409, "the component replaces no aggregation")));
+            let held = running_plugins.iter().map(|p| p.name.clone()).collect();
+            let offered = format!("component {}", deployment.component.sha256);
+            self.answer(reply, Err(Refused::Upgrade(Refusal::ReplacesNothing { held, offered })));
             return Ok(());
         };
         let mut record = Deployed {
@@ -232,10 +185,10 @@ impl LoopControl {
                 .iter()
                 .map(|(i, _)| pipeline.aggregations[*i].name.clone())
                 .collect(),
-            from: deployment.plugins.iter().map(|(i, _)| job.ops[*i].identity().clone()).collect(),
+            from: deployment.plugins.iter().map(|(i, _)| running_plugins[*i].clone()).collect(),
             to,
             migrated: Vec::new(),
-            at_record: source.records(),
+            at_record: running.records(),
             savepoint: None,
             checkpoint: None,
             pause_ms: 0.0,
@@ -243,8 +196,8 @@ impl LoopControl {
             swap_ms: 0.0,
             prepare_ms: deployment.prepare.as_secs_f64() * 1e3,
         };
-        let wanted = checkpoints.is_some();
-        match job.swap(pipeline, source, checkpoints, deployment, &self.savepoint_dir) {
+        let wanted = running.has_checkpoints();
+        match running.swap(deployment) {
             Ok(swapped) => {
                 self.saved(&swapped.savepoint);
                 record.savepoint = Some(swapped.savepoint);
@@ -272,17 +225,17 @@ impl LoopControl {
                 Ok(())
             }
             Err(NotSwapped::Refused(refused, savepoint)) => {
-                tracing::warn!(reason = %refused.reason, "live deploy refused; the job goes on unchanged");
+                tracing::warn!(reason = %refused, "live deploy refused; the job goes on unchanged");
                 record.status = DeployStatus::Refused;
-                record.reason = Some(refused.reason.clone());
+                record.reason = Some(refused.to_string());
                 record.savepoint = savepoint;
                 record.pause_ms = t.elapsed().as_secs_f64() * 1e3;
                 self.deployments.push(record);
-                self.answer(reply, Err(refused));
+                self.answer(reply, Err(*refused));
                 Ok(())
             }
             Err(NotSwapped::Failed(e)) => {
-                self.answer(reply, Err(Refused::new(500, e.to_string())));
+                self.answer(reply, Err(Refused::Failed(e.to_string())));
                 Err(e)
             }
         }
@@ -318,22 +271,16 @@ impl LoopControl {
 
     /// The checkpoint that follows a swap (from then on a crash recovers with the new
     /// plugin), once the snapshot being written (the rollback savepoint) is done.
-    fn checkpoint_after_swap(
-        &mut self,
-        pipeline: &Pipeline,
-        job: &mut Job,
-        source: &mut Source,
-        checkpoints: Option<&mut Checkpointer>,
-        stats: &mut CheckpointStats,
-    ) -> Result<()> {
+    fn checkpoint_after_swap(&mut self, running: &mut RunningJob) -> Result<()> {
         if self.holds_checkpoints() {
             return Ok(());
         }
         let Some(p) = self.pending.as_mut().filter(|p| p.checkpoint_wanted) else { return Ok(()) };
-        let Some(c) = checkpoints.filter(|c| !c.busy()) else { return Ok(()) };
-        stats.add(c.take(job, pipeline, source)?);
+        if !running.has_checkpoints() || running.writing_snapshot() {
+            return Ok(());
+        }
+        p.checkpoint = running.checkpoint()?;
         p.checkpoint_wanted = false;
-        p.checkpoint = c.history.back().map(|(info, _)| info.id.clone());
         p.record.checkpoint = p.checkpoint.clone();
         if let Some(d) = self.deployments.iter_mut().rev().find(|d| d.id == p.record.id) {
             d.checkpoint = p.checkpoint.clone();
@@ -343,16 +290,12 @@ impl LoopControl {
 
     /// Answer the last deploy once its rollback savepoint and its checkpoint are
     /// durable (with `wait`, now: its checkpoint has been completed by the caller).
-    pub(super) fn answer_pending(&mut self, checkpoints: Option<&Checkpointer>, wait: bool) {
+    pub(super) fn answer_pending(&mut self, running: &RunningJob, wait: bool) {
         let Some(p) = &self.pending else { return };
         if p.checkpoint_wanted && !wait {
             return;
         }
-        let checkpoint = p.checkpoint.as_ref().map(|id| {
-            checkpoints
-                .and_then(|c| c.history.iter().find(|(info, _)| info.id == *id))
-                .map_or(CheckpointStatus::Failed, |(info, _)| info.status)
-        });
+        let checkpoint = p.checkpoint.as_ref().map(|id| running.checkpoint_status(id));
         let written = p.writer.as_ref().is_none_or(|w| w.is_finished());
         if !wait && (!written || checkpoint == Some(CheckpointStatus::Writing)) {
             return;
@@ -360,87 +303,28 @@ impl LoopControl {
         let Some(p) = self.pending.take() else { return };
         let savepoint = p.writer.map_or(Ok(()), join_writer);
         let answer = match (savepoint, checkpoint) {
-            (Err(e), _) => Err(Refused::new(
-                500,
-                format!("the plugin was swapped, but its rollback savepoint failed: {e}"),
-            )),
+            (Err(e), _) => Err(Refused::Failed(format!(
+                "the plugin was swapped, but its rollback savepoint failed: {e}"
+            ))),
             (Ok(()), None | Some(CheckpointStatus::Complete)) => Ok(p.record),
-            (Ok(()), Some(_)) => Err(Refused::new(
-                500,
-                format!(
-                    "the plugin was swapped, but the checkpoint after the swap ({}) did not complete",
-                    p.checkpoint.unwrap_or_default()
-                ),
-            )),
+            (Ok(()), Some(_)) => Err(Refused::Failed(format!(
+                "the plugin was swapped, but the checkpoint after the swap ({}) did not complete",
+                p.checkpoint.unwrap_or_default()
+            ))),
         };
         self.answer(p.reply, answer);
     }
 
-    fn status(
-        &self,
-        pipeline: &Pipeline,
-        job: &Job,
-        source: &Source,
-        stats: &CheckpointStats,
-        state: JobState,
-    ) -> JobStatus {
+    /// A job's status with what the port keeps: savepoints, deploys, throughput.
+    fn completed(&self, status: JobStatus) -> JobStatus {
         JobStatus {
-            state,
-            pipeline: pipeline.name.clone(),
             uptime_ms: self.t0.elapsed().as_millis() as u64,
-            counters: job.counters(),
-            watermark: job.watermarks.current(),
-            partitions: job
-                .watermarks
-                .partitions()
-                .iter()
-                .map(|p| super::commands::PartitionStatus {
-                    name: p.name.clone(),
-                    max_event_time: p.max_event_time,
-                    idle: p.idle,
-                    finished: p.finished,
-                })
-                .collect(),
-            lag: source.cached_lag(),
-            aggregations: job
-                .ops
-                .iter()
-                .map(|op| super::commands::AggregationStatus {
-                    name: op.name().to_string(),
-                    plugin: op.identity().name.clone(),
-                    plugin_version: op.identity().version.clone(),
-                    contract: op.identity().contract.clone(),
-                    open_windows: op.open_slots(),
-                    keys: op.keys(),
-                    state_bytes: op.state_bytes(),
-                    calls: op.plugin().calls(),
-                })
-                .collect(),
-            checkpoints: stats.count,
-            checkpoint_history: Vec::new(),
             last_savepoint: self.savepoints.last().cloned(),
             savepoints: self.savepoints.clone(),
             deployments: self.deployments.clone(),
             records_per_second: self.rate(),
-            progress: progress(source),
-            recent_side_outputs: job.recent.iter().cloned().collect(),
-            backpressure_pauses: job.backpressure.0,
-            backpressure_seconds: job.backpressure.1.as_secs_f64(),
-            sink_in_flight: job.output.as_ref().and_then(ResultSink::in_flight).map(|n| n as u64),
             throughput: self.samples.iter().copied().collect(),
+            ..status
         }
     }
-}
-
-/// Bytes read of a file source and bytes in its files (none for standard input and Kafka).
-fn progress(source: &Source) -> Option<(u64, u64)> {
-    let pos = source.position();
-    if pos.kind != "file" {
-        return None;
-    }
-    let mut total = 0;
-    for p in &pos.partitions {
-        total += std::fs::metadata(&p.name).ok().filter(|m| m.is_file())?.len();
-    }
-    Some((pos.partitions.iter().map(|p| p.offset).sum(), total))
 }

@@ -2,7 +2,8 @@
 //! late or accepted by each aggregation; the watermark moved and what it fires written;
 //! side outputs; the state captured for checkpoints and savepoints, and restored.
 
-use super::runner::{report_lag, LagReport};
+use super::running::{report_lag, LagReport};
+use super::upgrade::{self, Refusal};
 use super::*;
 use crate::checkpoint::components::Component;
 use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
@@ -206,18 +207,7 @@ impl Job {
         // A plugin that reads more key fields than the pipeline's key has is refused now,
         // not on every window.
         for (a, p) in pipeline.aggregations.iter().zip(&plugins) {
-            let need = p.key_fields() as usize;
-            if need > pipeline.key.len() {
-                return Err(Error::Plugin {
-                    plugin: format!("{} {}", p.identity().name, p.identity().version),
-                    message: format!(
-                        "aggregation {:?} reads {need} key fields from every group, but the pipeline's key {:?} has {}",
-                        a.name,
-                        pipeline.key,
-                        pipeline.key.len()
-                    ),
-                });
-            }
+            upgrade::key_fields(pipeline, &a.name, p)?;
         }
         let refs: Vec<&dyn Aggregator> = plugins.iter().map(|p| p as &dyn Aggregator).collect();
         let fingerprint = results_fingerprint(pipeline, &refs);
@@ -658,41 +648,28 @@ impl Job {
         sp: &Savepoint,
         upgrade: &Upgrade,
     ) -> Result<Vec<(String, u32, u32)>> {
-        let refuse = |m: String| match upgrade {
-            Upgrade::Deploy(_) => Error::Deploy(m),
-            Upgrade::Resume => Error::Savepoint { path: sp.path.clone(), message: m },
+        let refuse = |r: Refusal| match upgrade {
+            Upgrade::Deploy(_) => Error::deploy(r),
+            Upgrade::Resume => Error::Unfit { path: sp.path.clone(), refusal: Box::new(r) },
         };
         let meta = &sp.meta;
         if meta.pipeline.fingerprint != pipeline.state_fingerprint() {
-            return Err(refuse(format!(
-                "was taken from pipeline {:?} with other keys, windows, event-time field or filter; \
-                 its state does not fit pipeline {:?}",
-                meta.pipeline.name, pipeline.name
-            )));
+            return Err(refuse(Refusal::OtherPipeline {
+                saved: meta.pipeline.name.clone(),
+                pipeline: pipeline.name.clone(),
+            }));
         }
         let mut migrated = Vec::new();
         let mut snapshots = Vec::new();
         for op in &mut self.ops {
             let Some(i) = meta.operators.iter().position(|o| o.id == op.name()) else {
-                return Err(refuse(format!("holds no state for aggregation {:?}", op.name())));
+                return Err(refuse(Refusal::NoState(op.name().to_string())));
             };
             // Copied only to be migrated.
             let (saved, mut snap) = (&meta.operators[i], std::borrow::Cow::Borrowed(&sp.snapshots[i]));
             let (old, new) = (&saved.plugin, op.identity().clone());
-            if old.name != new.name {
-                return Err(refuse(format!(
-                    "aggregation {:?}: the savepoint holds state of plugin {:?}; plugin {:?} is different logic",
-                    op.name(),
-                    old.name,
-                    new.name
-                )));
-            }
-            if let Some(bad) =
-                snap.slots.iter().find(|s| crate::state::arity_of(&s.key) != Some(pipeline.key.len()))
-            {
-                let fields: Vec<&str> = crate::state::fields_of(&bad.key).collect();
-                return Err(refuse(format!("key {fields:?} does not have {} fields", pipeline.key.len())));
-            }
+            upgrade::same_logic(op.name(), old, &new).map_err(refuse)?;
+            upgrade::key_arity(pipeline, &snap.slots).map_err(refuse)?;
             // Keys are interned as they are: each is what an event's key is (UTF-8 fields,
             // which results and their keys are built from), checked where the state was
             // decoded (`savepoint::read`: `decode_state` or `rocks::load`).
@@ -702,13 +679,10 @@ impl Job {
                 .map(|s| &s.key)
                 .chain(snap.rows.iter().map(|r| &r.key))
                 .all(|k| crate::state::valid_key(k)));
-            // Rows held for an ordered plugin are restored into this plugin's columns: they
-            // must have its fields' number and types (a plugin whose fields changed cannot
-            // take them).
             let fields = &op.plugin().info().fields;
-            if let Some(bad) = snap.rows.iter().find(|r| !row_fits(&r.values, fields)) {
-                return Err(refuse(unfit_rows(op.name(), snap.rows.len(), op.plugin(), bad)));
-            }
+            let unfit = snap.rows.iter().find(|r| !upgrade::row_fits(&r.values, fields));
+            upgrade::rows_fit(op.name(), op.plugin(), unfit.map(|bad| (snap.rows.len(), bad)))
+                .map_err(refuse)?;
             if op.has_sessions() && !meta.session_ends_closed {
                 // Written when a session was `[first, last + gap)`: it is `[first, last + gap]`.
                 for slot in &mut snap.to_mut().slots {
@@ -717,24 +691,17 @@ impl Job {
             }
             let deploying = matches!(upgrade, Upgrade::Deploy(name) if *name == new.name);
             if deploying && old.state_schema != new.state_schema {
-                op.migrate(old.state_schema, snap.to_mut()).map_err(|e| {
-                    Error::Deploy(format!(
-                        "{} {} (state schema {}) cannot take the savepoint's state (schema {}): {e}",
-                        new.name, new.version, new.state_schema, old.state_schema
-                    ))
-                })?;
+                op.migrate(old.state_schema, snap.to_mut())
+                    .map_err(|e| Error::deploy(upgrade::migration_failed(old, &new, e)))?;
                 migrated.push((op.name().to_string(), old.state_schema, new.state_schema));
             } else if old.state_schema != new.state_schema {
                 // (Not deploying: the same logic must read the same layout.)
-                return Err(refuse(format!(
-                    "the savepoint's accumulators have state schema {} but {} {} uses schema {}: deploy it with \
-                     `km0 deploy PLUGIN.wasm --from-savepoint {}` to migrate",
-                    old.state_schema,
-                    new.name,
-                    new.version,
-                    new.state_schema,
-                    sp.path.display()
-                )));
+                return Err(refuse(Refusal::SchemaChanged {
+                    from: old.state_schema,
+                    to: new.state_schema,
+                    plugin: format!("{} {}", new.name, new.version),
+                    savepoint: sp.path.display().to_string(),
+                }));
             } else if old.sha256 != new.sha256 {
                 tracing::warn!(from = %old.version, to = %new.version, "resuming with another build of the plugin (same state schema)");
             }
@@ -878,27 +845,6 @@ pub(super) fn operator(pipeline: &Pipeline, i: usize, plugin: Plugin, columns: V
     op
 }
 
-/// Why `plugin` cannot take the `rows` rows held for aggregation `name` (`bad` among them).
-pub(super) fn unfit_rows(
-    name: &str,
-    rows: usize,
-    plugin: &dyn Aggregator,
-    bad: &crate::window::operator::SavedRow,
-) -> String {
-    let fields = &plugin.info().fields;
-    let want: Vec<String> = fields.iter().map(|f| format!("{} ({:?})", f.name, f.type_)).collect();
-    format!(
-        "aggregation {name:?}: {rows} rows are held that plugin {} {} must take in order, with {} values each \
-         (the first: {:?}), but its fields are [{}]: a plugin whose fields change cannot take them; deploy it \
-         when no rows are held (after the input ends), or keep its fields",
-        plugin.identity().name,
-        plugin.identity().version,
-        bad.values.len(),
-        bad.values,
-        want.join(", ")
-    )
-}
-
 /// Keep a late event's or dead letter's reason among the latest (a repeat of the last one
 /// is counted, without allocating).
 fn note(
@@ -925,21 +871,6 @@ fn note(
         aggregation: aggregation.map(str::to_string),
         count: 1,
     });
-}
-
-/// Whether a held row's values fit a plugin's fields (number and types).
-pub(super) fn row_fits(values: &[crate::plugin::batch::Value], fields: &[crate::plugin::Field]) -> bool {
-    use crate::plugin::{batch::Value, FieldType};
-    values.len() == fields.len()
-        && values.iter().zip(fields).all(|(v, f)| {
-            matches!(
-                (v, f.type_),
-                (Value::Int(_), FieldType::Int)
-                    | (Value::Float(_), FieldType::Float)
-                    | (Value::Text(_), FieldType::Text)
-                    | (Value::Bool(_), FieldType::Boolean)
-            )
-        })
 }
 
 /// A random-enough id for a snapshot: time, process and a counter, hashed.
@@ -992,6 +923,7 @@ pub(super) fn idleness(pipeline: &Pipeline) -> Idleness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::Serialize;
     use std::borrow::Cow;
 
     // The oracles: the structs serde_json wrote the lines from before (dd07632), verbatim.

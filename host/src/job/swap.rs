@@ -20,8 +20,9 @@
 
 use super::checkpoints::Checkpointer;
 use super::commands::Refused;
-use super::route::{fields_of, results_fingerprint, row_fits, unfit_rows, Job};
-use super::runner::{begin_savepoint, join_writer, SavepointFailed, SavepointWriter};
+use super::route::{fields_of, results_fingerprint, Job};
+use super::running::{begin_savepoint, join_writer, SavepointFailed, SavepointWriter};
+use super::upgrade::{self, Refusal};
 use super::*;
 use crate::source::decode::Decoder;
 use crate::window::aggregator::Aggregator;
@@ -63,48 +64,40 @@ impl Deployer {
     ) -> std::result::Result<Deployment, Refused> {
         let t = Instant::now();
         if bytes.len() > self.max_bytes {
-            return Err(Refused::new(
-                413,
-                format!("the component has {} bytes; at most {}", bytes.len(), self.max_bytes),
-            ));
+            return Err(Refusal::TooLarge { bytes: bytes.len(), max: self.max_bytes }.into());
         }
         let component = Component::new(bytes);
         let label = format!("uploaded component {}", &component.sha256[..12]);
         let (identity, _) = self
             .runtime
             .inspect_bytes(&label, &component.bytes)
-            .map_err(|e| Refused::new(400, format!("not a km0 plugin: {e}")))?;
+            .map_err(|e| Refusal::NotAPlugin(Box::new(e)))?;
         let aggregations = &self.pipeline.aggregations;
         if running.len() != aggregations.len() {
-            return Err(Refused::new(503, "the job is starting; try again"));
+            return Err(Refusal::Starting.into());
         }
-        let other_logic = |i: usize| {
-            format!(
-                "aggregation {:?} runs plugin {:?}; plugin {:?} is different logic and cannot take its state",
-                aggregations[i].name, running[i], identity.name
-            )
-        };
         let targets: Vec<usize> = match aggregation {
             Some(name) => {
                 let Some(i) = aggregations.iter().position(|a| a.name == name) else {
-                    let names: Vec<&str> = aggregations.iter().map(|a| a.name.as_str()).collect();
-                    return Err(Refused::new(404, format!("no aggregation {name:?}; the job has {names:?}")));
+                    let known = aggregations.iter().map(|a| a.name.clone()).collect();
+                    return Err(Refusal::NoAggregation { name: name.to_string(), known }.into());
                 };
                 if running[i] != identity.name {
-                    return Err(Refused::new(409, other_logic(i)));
+                    return Err(Refusal::OtherLogic {
+                        aggregation: aggregations[i].name.clone(),
+                        held: running[i].clone(),
+                        offered: identity.name,
+                    }
+                    .into());
                 }
                 vec![i]
             }
             None => {
                 let found: Vec<usize> = (0..running.len()).filter(|&i| running[i] == identity.name).collect();
                 if found.is_empty() {
-                    return Err(Refused::new(
-                        409,
-                        format!(
-                            "the job runs plugin(s) {running:?}; plugin {:?} is different logic and cannot take their state",
-                            identity.name
-                        ),
-                    ));
+                    return Err(
+                        Refusal::ReplacesNothing { held: running.to_vec(), offered: identity.name }.into()
+                    );
                 }
                 found
             }
@@ -115,12 +108,12 @@ impl Deployer {
             let p = self
                 .runtime
                 .load_bytes(&label, &component.bytes, &a.plugin.config, a.plugin.limits)
-                .map_err(|e| Refused::new(422, format!("aggregation {:?}: {e}", a.name)))?;
+                .map_err(|e| Refusal::Configure { aggregation: a.name.clone(), source: Box::new(e) })?;
             plugins.push((i, p));
         }
         // Kept with the checkpoints before any checkpoint records it.
         if let Some(c) = &self.pipeline.checkpoints {
-            component.put(&c.dir).map_err(|e| Refused::new(500, e.to_string()))?;
+            component.put(&c.dir).map_err(|e| Refused::Failed(e.to_string()))?;
         }
         Ok(Deployment { plugins, component, prepare: t.elapsed() })
     }
@@ -140,7 +133,7 @@ pub(super) struct Swapped {
 pub(super) enum NotSwapped {
     /// Refused: the job goes on with its plugins and state as they were. The rollback
     /// savepoint, when it was written already.
-    Refused(Refused, Option<PathBuf>),
+    Refused(Box<Refused>, Option<PathBuf>),
     /// The job cannot go on (the savepoint could not be written, say).
     Failed(Error),
 }
@@ -155,39 +148,15 @@ impl Job {
         d: Deployment,
         savepoint_dir: &Path,
     ) -> std::result::Result<Swapped, NotSwapped> {
-        let refuse = |status: u16, m: String| NotSwapped::Refused(Refused::new(status, m), None);
+        let refuse = |r: Refusal| NotSwapped::Refused(Box::new(r.into()), None);
         // Checks that touch nothing.
         for (i, p) in &d.plugins {
             let op = &self.ops[*i];
-            let (old, new) = (op.identity(), p.identity());
-            if old.name != new.name {
-                return Err(refuse(
-                    409,
-                    format!(
-                        "aggregation {:?} runs plugin {:?}; plugin {:?} is different logic and cannot take its state",
-                        op.name(),
-                        old.name,
-                        new.name
-                    ),
-                ));
-            }
-            if p.key_fields() as usize > pipeline.key.len() {
-                return Err(refuse(
-                    422,
-                    format!(
-                        "plugin {} {} reads {} key fields from every group, but the pipeline's key {:?} has {}",
-                        new.name,
-                        new.version,
-                        p.key_fields(),
-                        pipeline.key,
-                        pipeline.key.len()
-                    ),
-                ));
-            }
+            upgrade::same_logic(op.name(), op.identity(), p.identity()).map_err(refuse)?;
+            upgrade::key_fields(pipeline, op.name(), p).map_err(refuse)?;
             let fields = &p.info().fields;
-            if let Some((n, bad)) = op.unfit_row(|v| row_fits(v, fields)) {
-                return Err(refuse(422, unfit_rows(op.name(), n, p, &bad)));
-            }
+            let unfit = op.unfit_row(|v| upgrade::row_fits(v, fields));
+            upgrade::rows_fit(op.name(), p, unfit.as_ref().map(|(n, bad)| (*n, bad))).map_err(refuse)?;
         }
         let (decoder, columns, fingerprint) = {
             let plugins: Vec<&dyn Aggregator> = (0..self.ops.len())
@@ -196,8 +165,8 @@ impl Job {
                     None => self.ops[i].plugin(),
                 })
                 .collect();
-            let (decoder, columns) =
-                Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| refuse(422, e.to_string()))?;
+            let (decoder, columns) = Decoder::new(pipeline, &fields_of(&plugins))
+                .map_err(|e| refuse(Refusal::Fields(Box::new(e))))?;
             (decoder, columns, results_fingerprint(pipeline, &plugins))
         };
 
@@ -208,9 +177,11 @@ impl Job {
         let (savepoint, writer) = begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir)
             .map_err(|f| match f {
                 // Nothing was swapped: the job goes on as it was.
-                SavepointFailed::Savepoint(e) => refuse(
-                    500,
-                    format!("the rollback savepoint could not be written, so nothing was swapped: {e}"),
+                SavepointFailed::Savepoint(e) => NotSwapped::Refused(
+                    Box::new(Refused::Failed(format!(
+                        "the rollback savepoint could not be written, so nothing was swapped: {e}"
+                    ))),
+                    None,
                 ),
                 SavepointFailed::Job(e) => NotSwapped::Failed(e),
             })?;
@@ -218,9 +189,9 @@ impl Job {
         // A refused swap waits for its rollback savepoint (named in the refusal).
         let refused = |r: Refused, writer: Option<SavepointWriter>| {
             match writer.map_or(Ok(()), join_writer) {
-                Ok(()) => NotSwapped::Refused(r, Some(savepoint.clone())),
+                Ok(()) => NotSwapped::Refused(Box::new(r), Some(savepoint.clone())),
                 // Refused all the same: the job is unchanged.
-                Err(_) => NotSwapped::Refused(r, None),
+                Err(_) => NotSwapped::Refused(Box::new(r), None),
             }
         };
 
@@ -237,13 +208,7 @@ impl Job {
             }
             let converted = match self.ops[*i].migrated(plugin, old.state_schema) {
                 Ok(accs) => accs,
-                Err(e) => {
-                    let why = format!(
-                        "{} {} (state schema {}) cannot take the state of {} {} (schema {}): {e}",
-                        new.name, new.version, new.state_schema, old.name, old.version, old.state_schema
-                    );
-                    return Err(refused(Refused::new(422, why), writer));
-                }
+                Err(e) => return Err(refused(upgrade::migration_failed(&old, &new, e).into(), writer)),
             };
             accs.push(Some(converted));
             migrated.push((self.ops[*i].name().to_string(), old.state_schema, new.state_schema));

@@ -7,12 +7,12 @@
 //! a pure function of its configuration, accumulators and events, and a replay gives the
 //! same output.
 
-pub mod batch;
 pub mod cache;
 pub mod contract;
 pub mod sandbox;
 
 use crate::pipeline::hex;
+pub use crate::pipeline::{Limits, OnError};
 use crate::{Error, Result};
 use sandbox::{guest_state, GuestState};
 use serde::{Deserialize, Serialize};
@@ -57,34 +57,6 @@ pub struct PluginIdentity {
     /// Key fields the plugin reads from every group (0: any, or a 0.1.0 plugin).
     #[serde(default)]
     pub key_fields: u32,
-}
-
-/// What one plugin instance may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Time one call may take (wall-clock time while its guest runs, counted in epochs
-    /// of [`EPOCH`]); a call that runs longer is stopped.
-    pub call_timeout: Duration,
-    /// Linear memory of the instance: all its memories and tables together.
-    pub memory_bytes: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits { call_timeout: Duration::from_secs(10), memory_bytes: 512 << 20 }
-    }
-}
-
-/// What happens when a plugin traps, runs out of time or memory, or returns garbage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnError {
-    /// Stop the job with the error (it restarts from its last checkpoint or savepoint).
-    Fail,
-    /// Recreate the instance, find the groups that fail by calling again one group at a
-    /// time, send their events to the dead-letter output with the reason, and go on.
-    #[default]
-    DeadLetter,
 }
 
 /// Upper bounds (seconds) of the plugin call latency histogram's buckets.

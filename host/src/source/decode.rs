@@ -4,8 +4,9 @@
 
 use crate::pipeline::Pipeline;
 use crate::plugin::Field;
-use crate::source::json::{short_eq, Projection, Scalar};
+use crate::source::json::{Projection, Scalar};
 use crate::state::push_key_field;
+use crate::state::short_eq;
 use crate::{Error, Result};
 use std::borrow::Cow;
 

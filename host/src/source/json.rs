@@ -12,6 +12,7 @@
 //! deeper than [`MAX_DEPTH`]; UTF-8 is checked in the strings a job reads, not in those it
 //! skips); such records become dead letters with the scanner's reason and byte position.
 
+use crate::state::short_eq;
 use std::borrow::Cow;
 
 /// Nesting allowed inside skipped values.
@@ -706,28 +707,6 @@ impl Projection {
             n.len() == key.len() && h == key_head && (n.len() <= 8 || short_eq(&n[8..], &key[8..]))
         }))
     }
-}
-
-/// Equality of short byte strings (field names, filter values, keys): eight bytes at a
-/// time, inline; a call to memcmp costs more than the comparison.
-#[inline]
-pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    if n < 8 {
-        return a.iter().zip(b).all(|(x, y)| x == y);
-    }
-    let mut i = 0;
-    while i + 8 < n {
-        if word_at(a, i) != word_at(b, i) {
-            return false;
-        }
-        i += 8;
-    }
-    // The last eight bytes (overlapping the words compared when n is not a multiple of 8).
-    word_at(a, n - 8) == word_at(b, n - 8)
 }
 
 #[inline(always)]

@@ -5,7 +5,7 @@
 //! later, by the thread that writes the snapshot ([`CapturedSlots::encode_into`]).
 
 use super::{Entry, KeySnapshot, SlabSnapshot};
-use crate::window::Window;
+use crate::time::Window;
 
 /// A key in `state.bin`: its field count, then the encoded fields.
 pub fn put_key(out: &mut Vec<u8>, key: &[u8]) {

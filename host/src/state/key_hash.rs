@@ -1,4 +1,5 @@
-//! The hash of an encoded key ([`super::KeyTable`]'s index), in one call.
+//! The hash of an encoded key ([`super::KeyTable`]'s index), in one call, and the
+//! equality of short byte strings.
 //!
 //! The same folded multiplications as foldhash's, with randomly drawn seeds, but for one
 //! byte string at once: `BuildHasher::hash_one` on a `&[u8]` writes a length prefix into
@@ -40,6 +41,28 @@ fn folded_multiply(x: u64, y: u64) -> u64 {
 fn word(b: &[u8], at: usize) -> u64 {
     // (Never the zeros: the callers' reads lie within `b`.)
     u64::from_le_bytes(*b[at..].first_chunk::<8>().unwrap_or(&[0; 8]))
+}
+
+/// Equality of short byte strings (field names, filter values, keys): eight bytes at a
+/// time, inline; a call to memcmp costs more than the comparison.
+#[inline]
+pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if n < 8 {
+        return a.iter().zip(b).all(|(x, y)| x == y);
+    }
+    let mut i = 0;
+    while i + 8 < n {
+        if word(a, i) != word(b, i) {
+            return false;
+        }
+        i += 8;
+    }
+    // The last eight bytes (overlapping the words compared when n is not a multiple of 8).
+    word(a, n - 8) == word(b, n - 8)
 }
 
 impl KeyHasher {

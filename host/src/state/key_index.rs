@@ -13,8 +13,8 @@
 //! homes, so a lookup of an absent key stops at the first entry closer to its home than
 //! the probe is to the key's, not at the far end of a long run. Removal by backward
 //! shift: no tombstones.
+use super::key_hash::short_eq;
 use super::{bytes_of, Span};
-use crate::source::json::short_eq;
 use std::sync::Arc;
 
 /// Keys of up to this many bytes (encoded) are held in their index entry too.

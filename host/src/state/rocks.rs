@@ -11,9 +11,8 @@
 //! rows (ordered plugins) under `[operator u8][1u8]`, encoded as in savepoints.
 
 use super::captured::CapturedSlots;
-use crate::checkpoint::savepoint::{decode_rows, encode_rows};
-use crate::window::operator::{SavedRow, SavedSlot, Snapshot};
-use crate::window::Window;
+use super::saved::{decode_rows, encode_rows, SavedRow, SavedSlot, Snapshot};
+use crate::time::Window;
 use crate::{Error, Result};
 use rocksdb::{checkpoint::Checkpoint, IteratorMode, Options, ReadOptions, WriteBatch, DB};
 use std::path::{Path, PathBuf};
@@ -30,7 +29,7 @@ pub struct Changes {
 }
 
 fn rocks_error(what: &str, path: &Path, e: rocksdb::Error) -> Error {
-    Error::Usage(format!("RocksDB {what} {}: {e}", path.display()))
+    Error::Rocks { what: what.to_string(), path: path.to_path_buf(), source: e }
 }
 
 fn slot_key(op: u8, key: &[u8], id: i64) -> Vec<u8> {
@@ -112,7 +111,8 @@ pub fn load(dir: &Path, operators: usize) -> Result<Vec<Snapshot>> {
     if let [only] = out.as_mut_slice() {
         let _ = only.slots.try_reserve(estimate.min(1 << 22) as usize);
     }
-    let bad = |m: &str| Error::Usage(format!("RocksDB checkpoint {}: {m}", dir.display()));
+    let bad =
+        |m: &str| Error::Savepoint { path: dir.to_path_buf(), message: format!("RocksDB checkpoint: {m}") };
     // Read once, in order: its blocks are not kept in the block cache (filling it cost
     // ~7% of a restore), and read ahead.
     let mut read = ReadOptions::default();

@@ -14,29 +14,13 @@
 //! [`operator`] runs the windows of one aggregation over host-owned state.
 
 pub mod aggregator;
+pub mod batch;
 pub mod operator;
 #[cfg(test)]
 mod semantics_tests;
 
 use crate::pipeline::WindowKind;
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Window {
-    pub start: i64,
-    pub end: i64,
-}
-
-impl Window {
-    /// Whether two windows overlap (sessions merge when they do).
-    pub fn overlaps(&self, other: &Window) -> bool {
-        self.start < other.end && other.start < self.end
-    }
-
-    pub fn union(&self, other: &Window) -> Window {
-        Window { start: self.start.min(other.start), end: self.end.max(other.end) }
-    }
-}
+pub use crate::time::Window;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Assigner {

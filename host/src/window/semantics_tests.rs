@@ -327,7 +327,7 @@ fn a_restored_session_handed_over_before_its_timers_run_is_rebuilt_in_time_order
     // timers not run yet). Key j's row hands it over; 3 then joins it ([3,14) overlaps it)
     // before the watermark moves: the session is rebuilt with 0, 3, 5 in order.
     use super::operator::{SavedRow, SavedSlot, Snapshot};
-    use crate::window::Window;
+    use crate::time::Window;
     let spec = WindowSpec { kind: WindowKind::Session { gap_ms: 10 }, allowed_lateness_ms: 0 };
     let mut op = WindowOperator::new("w", false, &spec, times(true), 1, 1, Vec::new());
     let key = |k: &[u8]| {

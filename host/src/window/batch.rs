@@ -13,9 +13,10 @@
 //! stays. Each group's rows are chained, the groups wait in a heap by slot end, and the
 //! rows taken leave holes that are closed once they outnumber the rows staged.
 
-use super::{empty_packed, packed_clear, packed_push, Column, Events, FieldType, Groups, Packed};
+use crate::plugin::{empty_packed, packed_clear, packed_push, Column, Events, FieldType, Groups, Packed};
+pub use crate::state::saved::Value;
 use crate::state::{KeyTable, PeriodMap, SlotHandle, WindowState, NO_SLOT, PREFETCH_DISTANCE};
-use crate::window::Window;
+use crate::time::Window;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -107,15 +108,6 @@ impl Staged {
             }
         }
     }
-}
-
-/// One staged value, for savepoints.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    Int(i64),
-    Float(f64),
-    Text(String),
-    Bool(bool),
 }
 
 /// A staged row taken out of a batch (savepoints keep the rows of incomplete slots of
@@ -845,7 +837,7 @@ impl Batch {
                 Column::Float(v) => Value::Float(v[r]),
                 Column::Boolean(v) => Value::Bool(v[r] != 0),
                 Column::Text(p) => {
-                    Value::Text(String::from_utf8_lossy(super::packed_item(p, r)).into_owned())
+                    Value::Text(String::from_utf8_lossy(crate::plugin::packed_item(p, r)).into_owned())
                 }
             }));
         }
@@ -857,11 +849,11 @@ impl Batch {
         let arity = self.groups.key_arity as usize;
         let mut g = empty_groups(arity as u32);
         for j in 0..arity {
-            packed_push(&mut g.keys, super::packed_item(&self.groups.keys, i * arity + j));
+            packed_push(&mut g.keys, crate::plugin::packed_item(&self.groups.keys, i * arity + j));
         }
         g.window_start.push(self.groups.window_start[i]);
         g.window_end.push(self.groups.window_end[i]);
-        packed_push(&mut g.accumulators, super::packed_item(&self.groups.accumulators, i));
+        packed_push(&mut g.accumulators, crate::plugin::packed_item(&self.groups.accumulators, i));
         let s = if i == 0 { 0 } else { self.events.group_ends[i - 1] as usize };
         let e = self.events.group_ends[i] as usize;
         let columns = self
@@ -872,7 +864,7 @@ impl Batch {
                 Column::Int(v) => Column::Int(v[s..e].to_vec()),
                 Column::Float(v) => Column::Float(v[s..e].to_vec()),
                 Column::Boolean(v) => Column::Boolean(v[s..e].to_vec()),
-                Column::Text(p) => Column::Text(packed_of((s..e).map(|r| super::packed_item(p, r)))),
+                Column::Text(p) => Column::Text(packed_of((s..e).map(|r| crate::plugin::packed_item(p, r)))),
             })
             .collect();
         let events = Events {

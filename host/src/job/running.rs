@@ -1,0 +1,781 @@
+//! A running job as one object, [`RunningJob`]: opened (state restored, source positioned,
+//! sinks opened last), stepped (records, partition ends, checkpoints, backpressure, lag
+//! reports, the control port's commands, idle ticks), and finished (a savepoint or the end
+//! of the input, and the run's summary). The control port, periodic checkpoints and live
+//! deploys act on the job through its methods.
+
+pub(super) use super::checkpoints::SavepointFailed;
+use super::checkpoints::{CheckpointStats, Checkpointer};
+use super::commands::{
+    CheckpointInfo, CheckpointStatus, ControlHandle, JobState, JobStatus, Refused, StopMode,
+};
+use super::port::{LoopControl, StopReply};
+use super::route::Job;
+use super::swap::{Deployment, NotSwapped, Swapped};
+use super::*;
+use crate::source::Framed;
+
+/// What one [`RunningJob::step`] came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Records were taken (or commands served): step again.
+    Going,
+    /// A followed source has nothing new: step again after this wait.
+    Idle(Duration),
+    /// The input ended: [`RunningJob::finish`] fires every open window.
+    Ended,
+    /// A stop (a signal, `--stop-with-savepoint-after`, or a stop command):
+    /// [`RunningJob::finish`] writes the savepoint, or fires every open window (`Drain`).
+    Stopped(StopMode),
+}
+
+/// One running job: its source and position, its operators and watermarks ([`Job`]), its
+/// sinks and its checkpointer, and the control port's side of the loop.
+pub(super) struct RunningJob<'p> {
+    pipeline: &'p Pipeline,
+    job: Job,
+    source: Source,
+    checkpoints: Option<Checkpointer>,
+    stats: CheckpointStats,
+    /// Where savepoints go.
+    savepoint_dir: PathBuf,
+    follow: bool,
+    stop_after: Option<u64>,
+    /// Records read before this run (a resume's position).
+    read_before: u64,
+    lag_at: LagReport,
+    control: Option<ControlHandle>,
+    /// Taken out while it serves commands (it acts on this job through its methods).
+    port: Option<LoopControl>,
+    /// Commands are taken every 1024 records and whenever the source has nothing.
+    take_commands: bool,
+    idle_loops: u32,
+    /// A stop command's reply, sent once the job has finished.
+    stop_reply: Option<StopReply>,
+    /// The savepoint a stop asked for, written in the loop (one that fails fails the
+    /// stop, and the job goes on), and how long processing stopped for it.
+    savepoint: Option<PathBuf>,
+    savepoint_pause: Duration,
+    migrated: Vec<(String, u32, u32)>,
+    recovered_from: Option<String>,
+    restore_time: Duration,
+    t0: Instant,
+    cpu0: Duration,
+}
+
+impl<'p> RunningJob<'p> {
+    /// Open a job: its operators with `plugins`, the state of `restore` loaded (checked
+    /// against `upgrade`'s rules), the source positioned, checkpoints, then the sinks.
+    pub(super) fn open(
+        pipeline: &'p Pipeline,
+        opts: &RunOptions,
+        plugins: Vec<(Plugin, Option<Component>)>,
+        restore: Option<Restore>,
+        upgrade: Upgrade,
+        restore_started: Instant,
+    ) -> Result<RunningJob<'p>> {
+        let (plugins, components): (Vec<Plugin>, Vec<Option<Component>>) = plugins.into_iter().unzip();
+        let mut job = Job::new(pipeline, plugins)?;
+        job.components = components;
+        if let Some(input) = &opts.input {
+            // Another input is another run: it never replays an epoch of the pipeline's own.
+            let text = format!("{}|input={}", job.fingerprint, input.display());
+            job.fingerprint = crate::pipeline::hex(&Sha256::digest(text.as_bytes()));
+        }
+        let recovered_from = restore.as_ref().and_then(|r| r.checkpoint).map(|n| format!("chk-{n:06}"));
+        let restore = restore.map(|r| r.savepoint);
+        let mut migrated = Vec::new();
+        if let Some(sp) = &restore {
+            migrated = job.restore(pipeline, sp, &upgrade)?;
+        }
+        let restore_time = if restore.is_some() { restore_started.elapsed() } else { Duration::ZERO };
+        // The saved slots are the job's now: only what the savepoint says of the source and
+        // sinks is kept (its slots, ~100 MB for ~1M windows, were kept for the whole run).
+        let restore = restore.map(|sp| sp.meta);
+        let source = Source::open(
+            &pipeline.source,
+            opts.input.as_ref(),
+            opts.follow,
+            restore.as_ref().map(|meta| &meta.source),
+        )?;
+        let checkpoints = open_checkpoints(pipeline, &mut job)?;
+        place_partitions(pipeline, &mut job, &source, restore.is_some());
+        // Sinks are opened only once everything above has been checked.
+        open_sinks(pipeline, opts, &mut job, restore.as_ref())?;
+        job.sources = (0..source.partitions()).map(|p| source.partition_name(p as u32)).collect();
+        let mut checkpoints = checkpoints;
+        if let (Some(c), Some(out)) = (checkpoints.as_mut(), job.output.as_ref()) {
+            c.synchronous = out.commits_on_completion();
+        }
+        tracing::info!(pipeline = %pipeline.name, partitions = source.partitions(), resumed = restore.is_some(), "job started");
+
+        let savepoint_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
+        savepoint::remove_abandoned(&savepoint_dir);
+        let t0 = Instant::now();
+        let mut lag_at = LagReport { every: Duration::from_secs(5), last: Instant::now() };
+        if let crate::pipeline::SourceSpec::Kafka(k) = &pipeline.source {
+            lag_at.every = Duration::from_millis(k.lag_interval_ms as u64);
+        }
+        let control = opts.control.clone();
+        let port = control.as_ref().map(|h| LoopControl::new(h.clone(), t0));
+        Ok(RunningJob {
+            pipeline,
+            job,
+            read_before: source.records(),
+            source,
+            checkpoints,
+            stats: CheckpointStats::default(),
+            savepoint_dir,
+            follow: Source::unbounded(&pipeline.source, opts.follow),
+            stop_after: opts.stop_with_savepoint_after,
+            lag_at,
+            control,
+            port,
+            take_commands: false,
+            idle_loops: 0,
+            stop_reply: None,
+            savepoint: None,
+            savepoint_pause: Duration::ZERO,
+            migrated,
+            recovered_from,
+            restore_time,
+            t0,
+            cpu0: metrics::thread_cpu_time(),
+        })
+    }
+
+    /// Open, step until the job ends or stops, and finish.
+    pub(super) fn run(mut self) -> Result<Summary> {
+        let mut step =
+            if self.stop_after == Some(0) { Step::Stopped(StopMode::Savepoint) } else { Step::Going };
+        loop {
+            match step {
+                Step::Going => {}
+                Step::Idle(wait) => std::thread::sleep(wait),
+                Step::Ended | Step::Stopped(_) => return self.finish(step),
+            }
+            step = self.step()?;
+        }
+    }
+
+    /// Take the records up to the next point where the loop looks at something else
+    /// (commands, checkpoints, a stop, the sink's backlog), and do what is due there.
+    pub(super) fn step(&mut self) -> Result<Step> {
+        if std::mem::take(&mut self.take_commands) {
+            if let Some(stop) = self.serve_commands()? {
+                return Ok(stop);
+            }
+        }
+        let (job, source) = (&mut self.job, &mut self.source);
+        // A record whose layout the scanner knows is scanned where it lies, in the input
+        // ahead, which finds its end too; others are found by their line break first.
+        // Records in a row up to the next one after which the loop looks at something
+        // (below) go in one call.
+        let got = if job.frames() {
+            let read = source.records();
+            let checkpoint_in = self.checkpoints.as_ref().and_then(|c| c.records_until_due(read));
+            let most = run_length(read, self.read_before, self.stop_after, checkpoint_in);
+            source.next_records_framed(most, |ahead, pos, most, took| {
+                job.on_records_framed(ahead, pos, most, took)
+            })?
+        } else {
+            source.next_record()?.map_or(Framed::End, |(record, pos)| Framed::Record(record, pos))
+        };
+        match got {
+            got @ (Framed::Taken | Framed::Record(..)) => {
+                if let Framed::Record(record, pos) = got {
+                    job.on_record(record, pos)?;
+                }
+                for p in source.take_ended() {
+                    job.partition_ended(p)?;
+                }
+                self.idle_loops = 0;
+                self.after_records()
+            }
+            Framed::End if self.follow && super::signals::stop_requested() => {
+                Ok(Step::Stopped(StopMode::Savepoint))
+            }
+            Framed::End if self.follow => self.idle(),
+            Framed::End => Ok(Step::Ended),
+        }
+    }
+
+    /// The commands waiting, served by the control port; a stop asked for (with its
+    /// savepoint written: one that fails fails the stop, and the job goes on).
+    fn serve_commands(&mut self) -> Result<Option<Step>> {
+        let Some(mut port) = self.port.take() else { return Ok(None) };
+        let served = port.serve(self);
+        self.port = Some(port);
+        let Some((mode, reply)) = served? else { return Ok(None) };
+        if mode == StopMode::Savepoint {
+            match self.savepoint() {
+                Ok((path, pause)) => (self.savepoint, self.savepoint_pause) = (Some(path), pause),
+                Err(SavepointFailed::Savepoint(e)) => {
+                    tracing::warn!(error = %e, "the savepoint of a stop failed; the job goes on");
+                    let why = format!("the savepoint failed, so the job goes on: {e}");
+                    let _ = reply.send(Err(Refused::Failed(why)));
+                    return Ok(None);
+                }
+                Err(SavepointFailed::Job(e)) => return Err(e),
+            }
+        }
+        self.stop_reply = Some(reply);
+        Ok(Some(Step::Stopped(mode)))
+    }
+
+    /// After the last record of a run, which ends where any of these may apply
+    /// ([`run_length`]): a stop, a checkpoint due, and every 1024 records the snapshot
+    /// being written, the sink's backlog, deliveries, lag and commands (a signal is looked
+    /// at after a run of up to 1024).
+    fn after_records(&mut self) -> Result<Step> {
+        let read = self.source.records();
+        if self.stop_after.is_some_and(|n| read - self.read_before >= n) || super::signals::stop_requested() {
+            return Ok(Step::Stopped(StopMode::Savepoint));
+        }
+        if self.checkpoints.as_ref().is_some_and(|c| c.due(read)) {
+            self.periodic_checkpoint()?;
+        }
+        if read % 1024 == 0 {
+            self.complete_snapshot(false)?;
+            let (job, source) = (&mut self.job, &mut self.source);
+            if job.output.as_ref().is_some_and(ResultSink::behind) {
+                job.drain_output(source, &mut self.lag_at)?;
+            }
+            job.check_deliveries()?;
+            report_lag(source, &mut self.lag_at);
+            self.take_commands = true;
+        }
+        Ok(Step::Going)
+    }
+
+    /// Nothing new in a followed source: partitions that ended, idle ticks, deliveries,
+    /// lag, commands and a checkpoint due by time; then a wait for input.
+    fn idle(&mut self) -> Result<Step> {
+        let (job, source) = (&mut self.job, &mut self.source);
+        for p in source.take_ended() {
+            job.partition_ended(p)?;
+        }
+        job.tick()?;
+        job.check_deliveries()?;
+        report_lag(source, &mut self.lag_at);
+        self.take_commands = true;
+        self.complete_snapshot(false)?;
+        if self.checkpoints.as_ref().is_some_and(Checkpointer::due_by_time) {
+            self.periodic_checkpoint()?;
+        }
+        self.idle_loops = self.idle_loops.saturating_add(1);
+        Ok(Step::Idle(Duration::from_millis(if self.idle_loops < 10 { 1 } else { 20 })))
+    }
+
+    /// A checkpoint that came due, unless a live deploy's rollback savepoint is still
+    /// being written (a crash could otherwise recover into the new plugin with no
+    /// rollback point).
+    fn periodic_checkpoint(&mut self) -> Result<()> {
+        if self.port.as_ref().is_some_and(LoopControl::holds_checkpoints) {
+            return Ok(());
+        }
+        self.checkpoint().map(drop)
+    }
+
+    /// Take a checkpoint now (when the job has checkpoints): its id.
+    pub(super) fn checkpoint(&mut self) -> Result<Option<String>> {
+        let Some(c) = self.checkpoints.as_mut() else { return Ok(None) };
+        self.stats.add(c.take(&mut self.job, self.pipeline, &mut self.source)?);
+        Ok(c.history.back().map(|(info, _)| info.id.clone()))
+    }
+
+    /// Whether the job takes checkpoints.
+    pub(super) fn has_checkpoints(&self) -> bool {
+        self.checkpoints.is_some()
+    }
+
+    /// Whether a checkpoint or savepoint is being written.
+    pub(super) fn writing_snapshot(&self) -> bool {
+        self.checkpoints.as_ref().is_some_and(Checkpointer::busy)
+    }
+
+    /// Tell the source and sinks of the snapshot being written, if it is complete (with
+    /// `wait`, once it is).
+    pub(super) fn complete_snapshot(&mut self, wait: bool) -> Result<()> {
+        match self.checkpoints.as_mut() {
+            Some(c) => c.completed(&mut self.job, &self.source, wait),
+            None => Ok(()),
+        }
+    }
+
+    /// The newest checkpoints of this run.
+    pub(super) fn checkpoint_history(&self) -> Vec<CheckpointInfo> {
+        self.checkpoints
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.history.iter().map(|(i, _)| i.clone()).collect())
+    }
+
+    /// What became of the checkpoint `id` (failed when it is no longer known).
+    pub(super) fn checkpoint_status(&self, id: &str) -> CheckpointStatus {
+        self.checkpoints
+            .as_ref()
+            .and_then(|c| c.history.iter().find(|(info, _)| info.id == id))
+            .map_or(CheckpointStatus::Failed, |(info, _)| info.status)
+    }
+
+    /// Whether the result sink commits once a snapshot is durable (a Kafka transaction).
+    pub(super) fn commits_on_completion(&self) -> bool {
+        self.job.output.as_ref().is_some_and(ResultSink::commits_on_completion)
+    }
+
+    /// Records read from the source (a resume's included).
+    pub(super) fn records(&self) -> u64 {
+        self.source.records()
+    }
+
+    /// The plugin of each aggregation, in pipeline order.
+    pub(super) fn plugins(&self) -> Vec<PluginIdentity> {
+        self.job.ops.iter().map(|op| op.identity().clone()).collect()
+    }
+
+    pub(super) fn pipeline(&self) -> &'p Pipeline {
+        self.pipeline
+    }
+
+    /// Write a savepoint now and wait until it is durable: its path and how long
+    /// processing stopped.
+    pub(super) fn savepoint(&mut self) -> std::result::Result<(PathBuf, Duration), SavepointFailed> {
+        write_savepoint(
+            &mut self.job,
+            self.pipeline,
+            &self.source,
+            self.checkpoints.as_mut(),
+            &self.savepoint_dir,
+        )
+    }
+
+    /// Swap in a deployment's plugins at this record boundary ([`super::swap`]).
+    pub(super) fn swap(&mut self, d: Deployment) -> std::result::Result<Swapped, NotSwapped> {
+        self.job.swap(self.pipeline, &self.source, self.checkpoints.as_mut(), d, &self.savepoint_dir)
+    }
+
+    /// The job's status as the control API shows it (the port adds what it keeps itself:
+    /// savepoints, deploys, throughput).
+    pub(super) fn status(&self, state: JobState) -> JobStatus {
+        let job = &self.job;
+        JobStatus {
+            state,
+            pipeline: self.pipeline.name.clone(),
+            uptime_ms: self.t0.elapsed().as_millis() as u64,
+            counters: job.counters(),
+            watermark: job.watermarks.current(),
+            partitions: job
+                .watermarks
+                .partitions()
+                .iter()
+                .map(|p| super::commands::PartitionStatus {
+                    name: p.name.clone(),
+                    max_event_time: p.max_event_time,
+                    idle: p.idle,
+                    finished: p.finished,
+                })
+                .collect(),
+            lag: self.source.cached_lag(),
+            aggregations: job
+                .ops
+                .iter()
+                .map(|op| super::commands::AggregationStatus {
+                    name: op.name().to_string(),
+                    plugin: op.identity().name.clone(),
+                    plugin_version: op.identity().version.clone(),
+                    contract: op.identity().contract.clone(),
+                    open_windows: op.open_slots(),
+                    keys: op.keys(),
+                    state_bytes: op.state_bytes(),
+                    calls: op.plugin().calls(),
+                })
+                .collect(),
+            checkpoints: self.stats.count,
+            checkpoint_history: self.checkpoint_history(),
+            last_savepoint: None,
+            savepoints: Vec::new(),
+            deployments: Vec::new(),
+            records_per_second: 0.0,
+            progress: progress(&self.source),
+            recent_side_outputs: job.recent.iter().cloned().collect(),
+            backpressure_pauses: job.backpressure.0,
+            backpressure_seconds: job.backpressure.1.as_secs_f64(),
+            sink_in_flight: job.output.as_ref().and_then(ResultSink::in_flight).map(|n| n as u64),
+            throughput: Vec::new(),
+        }
+    }
+
+    /// End the job as `end` says: with its savepoint (a stop), or every open window fired
+    /// and committed (the input ended, or a stop that drains); then its summary.
+    pub(super) fn finish(mut self, end: Step) -> Result<Summary> {
+        self.complete_snapshot(true)?;
+        if let Some(mut port) = self.port.take() {
+            port.answer_pending(&self, true);
+            port.publish(&self, true);
+            port.send_answers();
+        }
+        if let Some(handle) = &self.control {
+            handle.set_state(JobState::Stopping);
+            // Commands that came after the stop are answered now.
+            handle.refuse_waiting("the job is stopping");
+        }
+        let ended = match end {
+            Step::Stopped(StopMode::Savepoint) => self.final_savepoint(),
+            _ => self.drain(),
+        };
+        if let Some(reply) = self.stop_reply.take() {
+            let _ = reply.send(match &ended {
+                Ok(()) => Ok(self.savepoint.clone()),
+                Err(e) => Err(Refused::Failed(e.to_string())),
+            });
+        }
+        ended?;
+        if let Some(handle) = &self.control {
+            handle.set_state(JobState::Stopped);
+        }
+        Ok(self.summary())
+    }
+
+    /// The savepoint a stop ends with (unless the stop command's was written already).
+    fn final_savepoint(&mut self) -> Result<()> {
+        if self.savepoint.is_none() {
+            let (path, pause) = self.savepoint()?;
+            self.savepoint_pause = pause;
+            self.savepoint = Some(path);
+        }
+        Ok(())
+    }
+
+    /// Fire every open window and commit the sinks, as at the end of a bounded input.
+    fn drain(&mut self) -> Result<()> {
+        let job = &mut self.job;
+        for op in &mut job.ops {
+            op.drain(&mut job.results)?;
+        }
+        job.write_results()?;
+        let mut barrier = job.barrier();
+        barrier.id.insert_str(0, crate::sink::postgres::END_PREFIX);
+        if let Some(out) = job.output.as_mut() {
+            out.commit(job.results_out, &barrier)?;
+        }
+        let refused = job.output.as_mut().map(ResultSink::take_refused).unwrap_or_default();
+        job.dead_letter_results(refused)?;
+        if let Some(late) = job.late.as_mut() {
+            late.commit()?;
+        }
+        if let Some(dead) = job.dead.as_mut() {
+            dead.commit()?;
+        }
+        // Everything read is in the sinks: show it to the consumer group.
+        self.source.checkpoint_complete(&self.source.position());
+        Ok(())
+    }
+
+    fn summary(self) -> Summary {
+        let job = &self.job;
+        let operators: Vec<OperatorSummary> = job
+            .ops
+            .iter()
+            .map(|op| OperatorSummary {
+                name: op.name().to_string(),
+                plugin: op.identity().clone(),
+                counters: op.counters().clone(),
+                open_slots: op.open_slots(),
+                keys: op.keys(),
+            })
+            .collect();
+        Summary {
+            counters: job.counters(),
+            open_windows: operators.iter().map(|o| o.open_slots).sum(),
+            plugin: operators[0].plugin.clone(),
+            operators,
+            watermark: job.watermarks.current(),
+            savepoint: self.savepoint,
+            migrated: self.migrated,
+            records_this_run: self.source.records() - self.read_before,
+            elapsed: self.t0.elapsed(),
+            cpu: metrics::thread_cpu_time().saturating_sub(self.cpu0),
+            recovered_from: self.recovered_from,
+            restore_time: self.restore_time,
+            checkpoints: self.stats.count,
+            checkpoint_pause_max: self.stats.max,
+            checkpoint_pause_total: self.stats.total,
+            savepoint_pause: self.savepoint_pause,
+            lag: self.source.lag().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not read the consumer lag");
+                Vec::new()
+            }),
+            backpressure_pauses: job.backpressure.0,
+        }
+    }
+}
+
+/// The checkpointer of a job whose pipeline has checkpoints (operators track their
+/// changes with the RocksDB backend); a deployed component it runs is stored first.
+fn open_checkpoints(pipeline: &Pipeline, job: &mut Job) -> Result<Option<Checkpointer>> {
+    let Some(spec) = &pipeline.checkpoints else { return Ok(None) };
+    let store = LocalStore::open(&spec.dir)?;
+    let next = store.list()?.last().map_or(1, |n| n + 1);
+    let rocks = match pipeline.state.backend {
+        Backend::Memory => None,
+        Backend::Rocksdb => {
+            for op in &mut job.ops {
+                op.track_changes();
+            }
+            Some(std::sync::Arc::new(RocksState::open_fresh(&pipeline.state.dir)?))
+        }
+    };
+    // A deployed component is stored before any checkpoint records it.
+    for component in job.components.iter().flatten() {
+        component.put(&spec.dir)?;
+    }
+    Ok(Some(Checkpointer {
+        spec: spec.clone(),
+        store,
+        rocks,
+        next,
+        last: Instant::now(),
+        records_at_last: 0,
+        writing: None,
+        failed_savepoints: Vec::new(),
+        synchronous: false,
+        history: Default::default(),
+    }))
+}
+
+/// The watermark clock of each source partition: a fresh job's file partitions get one
+/// each, in order; Kafka partitions meet their clocks by name (a topic may have gained
+/// partitions since the checkpoint: a new one gets a clock of its own).
+fn place_partitions(pipeline: &Pipeline, job: &mut Job, source: &Source, restored: bool) {
+    if pipeline.source.partitioning().field.is_none() && !restored {
+        for p in 0..source.partitions() {
+            job.watermarks.partition(&source.partition_name(p as u32));
+        }
+    }
+    if matches!(source, Source::Kafka(_)) {
+        job.clock_of = (0..source.partitions())
+            .map(|p| job.watermarks.partition(&source.partition_name(p as u32)))
+            .collect();
+    }
+}
+
+/// The result, late and dead-letter sinks, each from the position the snapshot it
+/// resumes from gives it.
+fn open_sinks(
+    pipeline: &Pipeline,
+    opts: &RunOptions,
+    job: &mut Job,
+    restore: Option<&SavepointMeta>,
+) -> Result<()> {
+    let sink_pos = |name: &str| restore.and_then(|meta| meta.sinks.iter().find(|s| s.name == name).cloned());
+    // A transactional sink's id is stable per job, so a restart fences its predecessor.
+    let txn_id = format!("km0-{}", pipeline.name);
+    job.output = Some(match (&opts.output, &pipeline.sink) {
+        (Some(p), _) => ResultSink::Jsonl(JsonlSink::open("output", p, sink_pos("output").as_ref())?),
+        (None, SinkSpec::File { path }) => {
+            ResultSink::Jsonl(JsonlSink::open("output", path, sink_pos("output").as_ref())?)
+        }
+        (None, SinkSpec::Stdout) => ResultSink::Jsonl(JsonlSink::stdout("output")),
+        (None, SinkSpec::Kafka { target, mode, max_in_flight }) => {
+            let mut sink = KafkaSink::open(target, *mode, &txn_id)?;
+            sink.set_max_in_flight(*max_in_flight);
+            ResultSink::Kafka(sink)
+        }
+        (None, SinkSpec::Postgres { url, table }) => {
+            let replayable = match &pipeline.source {
+                crate::pipeline::SourceSpec::Kafka(k) => k.start == crate::pipeline::StartAt::Earliest,
+                _ => true,
+            };
+            let start = StartPoint {
+                snapshot: restore.map(|meta| meta.snapshot_id.clone()),
+                ordinal: job.results_out,
+                fingerprint: job.fingerprint.clone(),
+                replayable,
+            };
+            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.name, &start)?)
+        }
+    });
+    job.late = Some(JsonlSink::open("late", &pipeline.late, sink_pos("late").as_ref())?);
+    job.dead = Some(match &pipeline.dead_letter {
+        DeadLetterSpec::File(path) => {
+            DeadLetterSink::Jsonl(JsonlSink::open("dead_letter", path, sink_pos("dead_letter").as_ref())?)
+        }
+        DeadLetterSpec::Kafka(target) => {
+            DeadLetterSink::Kafka(KafkaSink::open(target, crate::pipeline::KafkaSinkMode::Upsert, &txn_id)?)
+        }
+    });
+    Ok(())
+}
+
+/// Bytes read of a file source and bytes in its files (none for standard input and Kafka).
+fn progress(source: &Source) -> Option<(u64, u64)> {
+    let pos = source.position();
+    if pos.kind != "file" {
+        return None;
+    }
+    let mut total = 0;
+    for p in &pos.partitions {
+        total += std::fs::metadata(&p.name).ok().filter(|m| m.is_file())?.len();
+    }
+    Some((pos.partitions.iter().map(|p| p.offset).sum(), total))
+}
+
+/// Records the loop may take in a row (at least one) from `read` on: up to the next
+/// multiple of 1024 (commands, checkpoints by time, the sink's backlog, lag), the
+/// `checkpoint_in` records before one is due by count, and `stop_after` records since
+/// `read_before`. After each of those the loop looks, as it would after every record.
+fn run_length(read: u64, read_before: u64, stop_after: Option<u64>, checkpoint_in: Option<u64>) -> u64 {
+    let mut most = 1024 - read % 1024;
+    if let Some(n) = stop_after {
+        most = most.min((read_before + n).saturating_sub(read));
+    }
+    if let Some(due) = checkpoint_in {
+        most = most.min(due);
+    }
+    most.max(1)
+}
+
+/// When the consumer lag was last logged, and how often it is.
+pub(super) struct LagReport {
+    pub(super) every: Duration,
+    pub(super) last: Instant,
+}
+
+/// Log the consumer lag of a Kafka source when due.
+pub(super) fn report_lag(source: &Source, at: &mut LagReport) {
+    if !matches!(source, Source::Kafka(_)) || at.last.elapsed() < at.every {
+        return;
+    }
+    at.last = Instant::now();
+    for l in source.cached_lag().into_iter().filter(|l| l.high_watermark >= 0) {
+        tracing::info!(
+            partition = %l.partition,
+            lag = l.lag,
+            position = l.position,
+            high_watermark = l.high_watermark,
+            "consumer lag"
+        );
+    }
+}
+
+/// Write a savepoint of the job now and wait until it is durable. Returns its path and
+/// how long processing stopped.
+pub(super) fn write_savepoint(
+    job: &mut Job,
+    pipeline: &Pipeline,
+    source: &Source,
+    mut checkpoints: Option<&mut Checkpointer>,
+    dir: &Path,
+) -> std::result::Result<(PathBuf, Duration), SavepointFailed> {
+    let t = Instant::now();
+    let (path, writer) = begin_savepoint(job, pipeline, source, checkpoints.as_deref_mut(), dir)?;
+    if let Some(w) = writer {
+        join_writer(w).map_err(SavepointFailed::Savepoint)?;
+    }
+    if let Some(c) = checkpoints {
+        c.completed(job, source, true).map_err(SavepointFailed::Job)?;
+        if let Some(e) = c.savepoint_failure(&path) {
+            return Err(SavepointFailed::Savepoint(e));
+        }
+    }
+    Ok((path, t.elapsed()))
+}
+
+/// The thread writing a savepoint.
+pub(super) type SavepointWriter = std::thread::JoinHandle<Result<()>>;
+
+/// Wait for a savepoint writer.
+pub(super) fn join_writer(writer: SavepointWriter) -> Result<()> {
+    writer.join().map_err(|_| Error::Usage("the savepoint writer panicked".into())).and_then(|r| r)
+}
+
+/// Start a savepoint of the job as it is now (the sinks synced first); processing stops
+/// only to capture it. With the RocksDB backend it is incremental, written like the
+/// checkpoints (durable once the checkpointer has seen it complete). Otherwise the whole
+/// state is captured and written by another thread, whose handle is returned; when the
+/// sink commits once a snapshot is durable (a Kafka transaction) it is written here and
+/// the sink commits what it covers.
+pub(super) fn begin_savepoint(
+    job: &mut Job,
+    pipeline: &Pipeline,
+    source: &Source,
+    checkpoints: Option<&mut Checkpointer>,
+    dir: &Path,
+) -> std::result::Result<(PathBuf, Option<SavepointWriter>), SavepointFailed> {
+    let path = savepoint_path(dir, source.records());
+    if let Some(c) = checkpoints {
+        if c.savepoint(job, pipeline, source, &path).map_err(SavepointFailed::Job)? {
+            return Ok((path, None));
+        }
+    }
+    // Capturing reads the state and changes nothing: a failure fails this savepoint only.
+    let (meta, snapshots) = job.snapshot(pipeline, source).map_err(SavepointFailed::Savepoint)?;
+    let components: Vec<Component> = job.components.iter().flatten().cloned().collect();
+    if job.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
+        write_savepoint_files(&path, meta, &snapshots, &components).map_err(SavepointFailed::Savepoint)?;
+        if let Some(out) = job.output.as_mut() {
+            out.checkpoint_complete().map_err(SavepointFailed::Job)?;
+        }
+        return Ok((path, None));
+    }
+    let to = path.clone();
+    let writer = std::thread::Builder::new()
+        .name("km0-savepoint".into())
+        .spawn(move || write_savepoint_files(&to, meta, &snapshots, &components))
+        .map_err(|e| SavepointFailed::Savepoint(Error::io("start the savepoint writer", &path, e)))?;
+    Ok((path, Some(writer)))
+}
+
+/// A new savepoint's folder in `dir`, named by the records read.
+fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
+    let mut path = dir.join(format!("savepoint-{records:012}"));
+    // Two savepoints at the same record (on demand, then at a stop) get their own folders.
+    let mut n = 1;
+    while path.exists() {
+        n += 1;
+        path = dir.join(format!("savepoint-{records:012}-{n}"));
+    }
+    path
+}
+
+/// Make the sinks durable to the snapshot's positions, then write the savepoint (any
+/// thread).
+fn write_savepoint_files(
+    path: &Path,
+    meta: SavepointMeta,
+    snapshots: &[Capture],
+    components: &[Component],
+) -> Result<()> {
+    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+    // Fault injection for the tests: a rollback savepoint that takes this long to write.
+    if let Some(ms) = std::env::var("KM0_FAULT_SLOW_SAVEPOINT_MS").ok().and_then(|v| v.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    savepoint::write_with(path, meta, snapshots, components)?;
+    tracing::info!(path = %path.display(), "savepoint written");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_length;
+
+    #[test]
+    fn a_run_of_records_ends_where_the_loop_must_look() {
+        // Counted by hand: the next multiple of 1024, then the other bounds.
+        assert_eq!(run_length(0, 0, None, None), 1024);
+        assert_eq!(run_length(1000, 0, None, None), 24);
+        assert_eq!(run_length(1023, 0, None, None), 1);
+        assert_eq!(run_length(2048, 0, None, None), 1024);
+        // `--stop-after 10` from record 5 000: 10 records, then the stop.
+        assert_eq!(run_length(5000, 5000, Some(10), None), 10);
+        assert_eq!(run_length(5007, 5000, Some(10), None), 3);
+        // A checkpoint due in 7 records; one due now still lets a record through (the
+        // loop looks after it).
+        assert_eq!(run_length(100, 0, None, Some(7)), 7);
+        assert_eq!(run_length(100, 0, Some(1000), Some(0)), 1);
+        // The nearest bound wins.
+        assert_eq!(run_length(1020, 1000, Some(30), Some(2)), 2);
+        assert_eq!(run_length(1020, 1000, Some(30), Some(9)), 4);
+    }
+}

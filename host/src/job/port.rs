@@ -167,34 +167,11 @@ impl LoopControl {
         if running.commits_on_completion() {
             running.complete_snapshot(true)?;
         }
-        let pipeline = running.pipeline();
-        let running_plugins = running.plugins();
-        let Some(to) = deployment.plugins.first().map(|(_, p)| p.identity().clone()) else {
-            let held = running_plugins.iter().map(|p| p.name.clone()).collect();
+        let Some(mut record) = self.record(running, &deployment) else {
+            let held = running.plugins().iter().map(|p| p.name.clone()).collect();
             let offered = format!("component {}", deployment.component.sha256);
             self.answer(reply, Err(Refused::Upgrade(Refusal::ReplacesNothing { held, offered })));
             return Ok(());
-        };
-        let mut record = Deployed {
-            id: self.deployments.len() as u64 + 1,
-            at_ms: metrics::now_ms(),
-            status: DeployStatus::Swapped,
-            reason: None,
-            aggregations: deployment
-                .plugins
-                .iter()
-                .map(|(i, _)| pipeline.aggregations[*i].name.clone())
-                .collect(),
-            from: deployment.plugins.iter().map(|(i, _)| running_plugins[*i].clone()).collect(),
-            to,
-            migrated: Vec::new(),
-            at_record: running.records(),
-            savepoint: None,
-            checkpoint: None,
-            pause_ms: 0.0,
-            savepoint_ms: 0.0,
-            swap_ms: 0.0,
-            prepare_ms: deployment.prepare.as_secs_f64() * 1e3,
         };
         let wanted = running.has_checkpoints();
         match running.swap(deployment) {
@@ -239,6 +216,34 @@ impl LoopControl {
                 Err(e)
             }
         }
+    }
+
+    /// The history record of a deploy about to be swapped in (none: it replaces no
+    /// aggregation).
+    fn record(&self, running: &RunningJob, deployment: &super::swap::Deployment) -> Option<Deployed> {
+        let to = deployment.plugins.first().map(|(_, p)| p.identity().clone())?;
+        let (pipeline, plugins) = (running.pipeline(), running.plugins());
+        Some(Deployed {
+            id: self.deployments.len() as u64 + 1,
+            at_ms: metrics::now_ms(),
+            status: DeployStatus::Swapped,
+            reason: None,
+            aggregations: deployment
+                .plugins
+                .iter()
+                .map(|(i, _)| pipeline.aggregations[*i].name.clone())
+                .collect(),
+            from: deployment.plugins.iter().map(|(i, _)| plugins[*i].clone()).collect(),
+            to,
+            migrated: Vec::new(),
+            at_record: running.records(),
+            savepoint: None,
+            checkpoint: None,
+            pause_ms: 0.0,
+            savepoint_ms: 0.0,
+            swap_ms: 0.0,
+            prepare_ms: deployment.prepare.as_secs_f64() * 1e3,
+        })
     }
 
     /// Keep the records read about every second, for the last five minutes.

@@ -112,10 +112,6 @@ impl<'p> RunningJob<'p> {
         let savepoint_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
         savepoint::remove_abandoned(&savepoint_dir);
         let t0 = Instant::now();
-        let mut lag_at = LagReport { every: Duration::from_secs(5), last: Instant::now() };
-        if let crate::pipeline::SourceSpec::Kafka(k) = &pipeline.source {
-            lag_at.every = Duration::from_millis(k.lag_interval_ms as u64);
-        }
         let control = opts.control.clone();
         let port = control.as_ref().map(|h| LoopControl::new(h.clone(), t0));
         Ok(RunningJob {
@@ -128,7 +124,7 @@ impl<'p> RunningJob<'p> {
             savepoint_dir,
             follow: Source::unbounded(&pipeline.source, opts.follow),
             stop_after: opts.stop_with_savepoint_after,
-            lag_at,
+            lag_at: LagReport::new(pipeline),
             control,
             port,
             take_commands: false,
@@ -639,6 +635,17 @@ fn run_length(read: u64, read_before: u64, stop_after: Option<u64>, checkpoint_i
 pub(super) struct LagReport {
     pub(super) every: Duration,
     pub(super) last: Instant,
+}
+
+impl LagReport {
+    /// Every `lag_interval` of a Kafka source (5 s otherwise: never logged).
+    fn new(pipeline: &Pipeline) -> LagReport {
+        let every = match &pipeline.source {
+            crate::pipeline::SourceSpec::Kafka(k) => Duration::from_millis(k.lag_interval_ms as u64),
+            _ => Duration::from_secs(5),
+        };
+        LagReport { every, last: Instant::now() }
+    }
 }
 
 /// Log the consumer lag of a Kafka source when due.

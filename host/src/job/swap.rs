@@ -139,6 +139,33 @@ pub(super) enum NotSwapped {
 }
 
 impl Job {
+    /// The checks of a swap that touch nothing (the same logic, key fields, held rows,
+    /// fields the records decode to): the decoder, the operators' columns and the results'
+    /// fingerprint the job runs with once the deployment is swapped in.
+    fn check_swap(
+        &self,
+        pipeline: &Pipeline,
+        d: &Deployment,
+    ) -> std::result::Result<(Decoder, Vec<Vec<usize>>, String), Refusal> {
+        for (i, p) in &d.plugins {
+            let op = &self.ops[*i];
+            upgrade::same_logic(op.name(), op.identity(), p.identity())?;
+            upgrade::key_fields(pipeline, op.name(), p)?;
+            let fields = &p.info().fields;
+            let unfit = op.unfit_row(|v| upgrade::row_fits(v, fields));
+            upgrade::rows_fit(op.name(), p, unfit.as_ref().map(|(n, bad)| (*n, bad)))?;
+        }
+        let plugins: Vec<&dyn Aggregator> = (0..self.ops.len())
+            .map(|i| match d.plugins.iter().find(|(j, _)| *j == i) {
+                Some((_, p)) => p as &dyn Aggregator,
+                None => self.ops[i].plugin(),
+            })
+            .collect();
+        let (decoder, columns) =
+            Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| Refusal::Fields(Box::new(e)))?;
+        Ok((decoder, columns, results_fingerprint(pipeline, &plugins)))
+    }
+
     /// Swap in a deployment's plugins at this record boundary (see the module's text).
     pub(super) fn swap(
         &mut self,
@@ -148,27 +175,8 @@ impl Job {
         d: Deployment,
         savepoint_dir: &Path,
     ) -> std::result::Result<Swapped, NotSwapped> {
-        let refuse = |r: Refusal| NotSwapped::Refused(Box::new(r.into()), None);
-        // Checks that touch nothing.
-        for (i, p) in &d.plugins {
-            let op = &self.ops[*i];
-            upgrade::same_logic(op.name(), op.identity(), p.identity()).map_err(refuse)?;
-            upgrade::key_fields(pipeline, op.name(), p).map_err(refuse)?;
-            let fields = &p.info().fields;
-            let unfit = op.unfit_row(|v| upgrade::row_fits(v, fields));
-            upgrade::rows_fit(op.name(), p, unfit.as_ref().map(|(n, bad)| (*n, bad))).map_err(refuse)?;
-        }
-        let (decoder, columns, fingerprint) = {
-            let plugins: Vec<&dyn Aggregator> = (0..self.ops.len())
-                .map(|i| match d.plugins.iter().find(|(j, _)| *j == i) {
-                    Some((_, p)) => p as &dyn Aggregator,
-                    None => self.ops[i].plugin(),
-                })
-                .collect();
-            let (decoder, columns) = Decoder::new(pipeline, &fields_of(&plugins))
-                .map_err(|e| refuse(Refusal::Fields(Box::new(e))))?;
-            (decoder, columns, results_fingerprint(pipeline, &plugins))
-        };
+        let (decoder, columns, fingerprint) =
+            self.check_swap(pipeline, &d).map_err(|r| NotSwapped::Refused(Box::new(r.into()), None))?;
 
         // The rollback point: written like the job's checkpoints when they are
         // incremental (RocksDB); otherwise captured now and written by another thread

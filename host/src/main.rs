@@ -47,6 +47,10 @@ struct RunArgs {
     /// No progress bar (there is none either when standard error is not a terminal).
     #[arg(long)]
     quiet: bool,
+    /// Threads that run the job's tasks (a task per partition, with `[event_time] watermark =
+    /// "per-partition"`); default: `[job] parallelism`, else the cores, at most the tasks.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    parallelism: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -413,6 +417,7 @@ fn options(args: RunArgs, from_savepoint: Option<PathBuf>) -> RunOptions {
         follow: args.follow.then_some(true),
         no_recover: args.no_recover,
         control: None,
+        parallelism: args.parallelism.map(|n| n as usize),
     }
 }
 

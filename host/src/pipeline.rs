@@ -31,6 +31,26 @@ pub struct Pipeline {
     pub state: StateSpec,
     /// `[control]`: the control API of a running job.
     pub control: ControlSpec,
+    /// `[source] partitioned_by`: the leading key fields the input is partitioned by (all
+    /// of a key's records arrive in one partition), so that a partition can be a task.
+    pub partitioned_by: Vec<String>,
+    /// `[job] parallelism`: threads that run the tasks (`--parallelism` overrides it).
+    pub parallelism: Option<usize>,
+    /// The task this pipeline is, when the job runs as several (`task-0`, ...): it names
+    /// the task's Kafka transactional id and its PostgreSQL progress row.
+    pub task: Option<String>,
+}
+
+/// `[event_time] watermark`: which partitions' clocks fire a window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WatermarkScope {
+    /// The minimum over every partition that is not idle (the lesson's rule): the job's
+    /// partitions run as one task.
+    #[default]
+    Job,
+    /// Each partition is a task that fires its windows on its own clock.
+    PerPartition,
 }
 
 /// `[control]`: where a running job serves its control API (`--http` overrides it).
@@ -143,6 +163,8 @@ pub struct KafkaSourceSpec {
     pub lag_interval_ms: i64,
     /// Extra librdkafka consumer settings.
     pub properties: Vec<(String, String)>,
+    /// The one partition (topic, id) a task reads; none: every partition of the topics.
+    pub only: Option<(String, i32)>,
 }
 
 /// A Kafka producer's target.
@@ -206,6 +228,7 @@ pub struct EventTimeSpec {
     /// the dead-letter output (window arithmetic stays far from i64's limits).
     pub min_ms: i64,
     pub max_ms: i64,
+    pub watermark: WatermarkScope,
 }
 
 /// Default accepted event times: 1970-01-01 to 2500-01-01 (UTC).
@@ -299,6 +322,15 @@ struct RawPipeline {
     state: Option<RawState>,
     #[serde(default)]
     control: Option<RawControl>,
+    #[serde(default)]
+    job: Option<RawJob>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJob {
+    #[serde(default)]
+    parallelism: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -350,6 +382,8 @@ enum RawSource {
         /// Keep reading as the files grow (an unbounded source), like `tail -f`.
         #[serde(default)]
         follow: bool,
+        #[serde(default)]
+        partitioned_by: Vec<String>,
     },
     Kafka {
         brokers: String,
@@ -371,6 +405,8 @@ enum RawSource {
         lag_interval: Option<i64>,
         #[serde(default)]
         properties: BTreeMap<String, String>,
+        #[serde(default)]
+        partitioned_by: Vec<String>,
     },
 }
 
@@ -391,6 +427,8 @@ struct RawEventTime {
     /// Accepted event times (epoch ms), default 1970-01-01 to 2500-01-01.
     min: Option<i64>,
     max: Option<i64>,
+    #[serde(default)]
+    watermark: WatermarkScope,
 }
 
 #[derive(Deserialize)]
@@ -664,8 +702,18 @@ impl Pipeline {
                         .into(),
                 )),
             };
+        let partitioned_by;
         let source = match raw.source {
-            RawSource::File { path, paths, partition_field, idle_timeout, idle_after_records, follow } => {
+            RawSource::File {
+                path,
+                paths,
+                partition_field,
+                idle_timeout,
+                idle_after_records,
+                follow,
+                partitioned_by: by,
+            } => {
+                partitioned_by = by;
                 let mut all: Vec<PathBuf> = path.iter().map(|p| resolve(p)).collect();
                 all.extend(paths.iter().map(|p| resolve(p)));
                 if all.is_empty() {
@@ -692,7 +740,9 @@ impl Pipeline {
                 idle_after_records,
                 lag_interval,
                 properties,
+                partitioned_by: by,
             } => {
+                partitioned_by = by;
                 let mut all: Vec<String> = topic.into_iter().collect();
                 all.extend(topics);
                 if all.is_empty() || all.iter().any(|t| t.is_empty()) {
@@ -714,6 +764,7 @@ impl Pipeline {
                     },
                     properties: properties.into_iter().collect(),
                     lag_interval_ms: lag_interval.unwrap_or(5_000).max(100),
+                    only: None,
                 })
             }
         };
@@ -807,6 +858,9 @@ impl Pipeline {
                     .into(),
             ));
         }
+        let watermark = raw.event_time.watermark;
+        let parallelism = raw.job.and_then(|j| j.parallelism);
+        tasks_spec(&raw.key, &partitioned_by, watermark, &source, parallelism).map_err(err)?;
         let follows = source.unbounded();
         let raw_state = raw.state.unwrap_or(RawState { backend: None, dir: None });
         let state = StateSpec {
@@ -832,6 +886,7 @@ impl Pipeline {
                 watermark_delay_ms: raw.event_time.watermark_delay,
                 min_ms: time_min,
                 max_ms: time_max,
+                watermark,
             },
             aggregations,
             sink,
@@ -848,7 +903,19 @@ impl Pipeline {
                     allowed_hosts: c.allowed_hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect(),
                 })
                 .unwrap_or_default(),
+            partitioned_by,
+            parallelism,
+            task: None,
         })
+    }
+
+    /// The job's name, and its task's when it is one task of several (`stock/task-0`):
+    /// what a sink that keeps progress (PostgreSQL) or fences (Kafka transactions) knows it by.
+    pub fn instance_name(&self) -> String {
+        match &self.task {
+            Some(t) => format!("{}/{t}", self.name),
+            None => self.name.clone(),
+        }
     }
 
     /// Identity of what shapes the job's state (key, windows, event-time field, filter).
@@ -863,6 +930,47 @@ impl Pipeline {
             "filter": self.filter,
         });
         hex(&Sha256::digest(shape.to_string().as_bytes()))
+    }
+}
+
+/// Check what the job's tasks need: with `watermark = "per-partition"` each partition is a
+/// task that owns the keys arriving in it, so the input must say it is partitioned by the
+/// key's leading fields; with `"job"` the partitions run as one task.
+fn tasks_spec(
+    key: &[String],
+    partitioned_by: &[String],
+    watermark: WatermarkScope,
+    source: &SourceSpec,
+    parallelism: Option<usize>,
+) -> Result<(), String> {
+    if !partitioned_by.is_empty() && !key.starts_with(partitioned_by) {
+        return Err(format!(
+            "`source.partitioned_by` {partitioned_by:?} must be the first fields of `key` {key:?}: a task owns \
+             whole keys"
+        ));
+    }
+    if parallelism == Some(0) {
+        return Err("`job.parallelism` must be at least 1".into());
+    }
+    match watermark {
+        WatermarkScope::Job if parallelism.is_some_and(|n| n > 1) => {
+            Err("`job.parallelism` above 1 needs `event_time.watermark = \"per-partition\"`: with the job's \
+             watermark (the minimum over all partitions) the partitions run as one task"
+                .into())
+        }
+        WatermarkScope::Job => Ok(()),
+        WatermarkScope::PerPartition if partitioned_by.is_empty() => Err(
+            "`event_time.watermark = \"per-partition\"` runs each partition as a task that owns the keys \
+             arriving in it: declare the key fields the input is partitioned by (`source.partitioned_by`, \
+             e.g. the Kafka message key's fields)"
+                .into(),
+        ),
+        WatermarkScope::PerPartition if source.partitioning().field.is_some() => {
+            Err("`event_time.watermark = \"per-partition\"` needs a file or a Kafka partition per task; \
+             `source.partition_field` splits one file by value"
+                .into())
+        }
+        WatermarkScope::PerPartition => Ok(()),
     }
 }
 

@@ -22,6 +22,11 @@
 //!
 //! A savepoint is written to a temporary folder and renamed into place, so it is either
 //! complete or absent; it is never modified afterwards. Reading verifies the checksums.
+//!
+//! The savepoint of a job of several tasks (`[event_time] watermark = "per-partition"`) is
+//! a folder of such savepoints, one per task (`task-0/`, ...), and `tasks.json` that lists
+//! them with their partitions ([`TasksManifest`]); it is assembled in a temporary folder
+//! and renamed into place too.
 
 use crate::pipeline::hex;
 use crate::plugin::PluginIdentity;
@@ -254,8 +259,84 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     f.sync_all().map_err(|e| Error::io("sync", path, e))
 }
 
+/// The file that makes a folder the savepoint of a job of several tasks.
+pub const TASKS: &str = "tasks.json";
+
+/// `tasks.json`: the tasks whose savepoints a job savepoint holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TasksManifest {
+    pub format: String,
+    pub format_version: u32,
+    pub pipeline: String,
+    pub tasks: Vec<TaskEntry>,
+}
+
+/// One task of a job savepoint: its folder and the partition it reads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskEntry {
+    pub task: String,
+    pub partition: String,
+    /// The task's bounded input had ended: it has no folder, and a resume leaves it out.
+    #[serde(default)]
+    pub ended: bool,
+}
+
+/// The manifest of a job savepoint of several tasks; none for a savepoint of one task.
+pub fn read_tasks(dir: &Path) -> Result<Option<TasksManifest>> {
+    let path = dir.join(TASKS);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("read savepoint file", path, e)),
+    };
+    let m: TasksManifest =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(dir, format!("{TASKS}: {e}")))?;
+    if m.format != FORMAT || m.format_version != FORMAT_VERSION {
+        return Err(corrupt(
+            dir,
+            format!("{TASKS}: format {} {} is not this km0's", m.format, m.format_version),
+        ));
+    }
+    for t in &m.tasks {
+        let plain =
+            !t.task.is_empty() && t.task.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !plain || (!t.ended && !dir.join(&t.task).is_dir()) {
+            return Err(corrupt(dir, format!("{TASKS}: task {:?} has no folder here", t.task)));
+        }
+    }
+    Ok(Some(m))
+}
+
+/// Assemble the job savepoint `dir` from each task's savepoint (moved into it, in the
+/// same file system).
+pub fn write_tasks(dir: &Path, pipeline: &str, tasks: &[(TaskEntry, Option<PathBuf>)]) -> Result<()> {
+    let manifest = TasksManifest {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        pipeline: pipeline.into(),
+        tasks: tasks.iter().map(|(t, _)| t.clone()).collect(),
+    };
+    let json =
+        serde_json::to_vec_pretty(&manifest).map_err(|e| corrupt(dir, format!("encode {TASKS}: {e}")))?;
+    let tmp = temp_folder(dir)?;
+    for (t, from) in tasks.iter().filter_map(|(t, from)| from.as_ref().map(|f| (t, f))) {
+        let to = tmp.join(&t.task);
+        std::fs::rename(from, &to).map_err(|e| Error::io("move a task's savepoint", from, e))?;
+    }
+    write_synced(&tmp.join(TASKS), &json)?;
+    std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename savepoint folder", dir, e))?;
+    sync_parent(dir)
+}
+
 /// Read and verify a savepoint folder.
 pub fn read(dir: &Path) -> Result<Savepoint> {
+    if dir.join(TASKS).exists() {
+        return Err(corrupt(
+            dir,
+            "holds the savepoints of several tasks (a job with `[event_time] watermark = \"per-partition\"`): \
+             resume it with that setting",
+        ));
+    }
     let read = |name: &str| {
         std::fs::read(dir.join(name)).map_err(|e| Error::io("read savepoint file", dir.join(name), e))
     };

@@ -203,6 +203,26 @@ pub struct JobStatus {
     /// `[epoch ms, records read]` about every second over the last 5 minutes, oldest
     /// first (the UI's throughput chart).
     pub throughput: Vec<(i64, u64)>,
+    /// The job's tasks, when its partitions are tasks (`watermark = "per-partition"`).
+    pub tasks: Vec<TaskStatus>,
+}
+
+/// One task of a job whose partitions are tasks.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskStatus {
+    pub task: String,
+    /// The partition it reads (a file, `topic/partition`).
+    pub partition: String,
+    /// The thread that runs it (0 to parallelism - 1).
+    pub thread: usize,
+    pub state: JobState,
+    /// Its own event-time clock.
+    pub watermark: i64,
+    pub read: u64,
+    pub records_per_second: f64,
+    pub open_windows: usize,
+    /// Consumer lag of its partition (Kafka), as last fetched.
+    pub lag: Option<i64>,
 }
 
 /// A late event's or dead letter's reason, among the latest.

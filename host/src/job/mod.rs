@@ -24,6 +24,7 @@ mod route;
 mod running;
 pub mod signals;
 pub mod swap;
+mod tasks;
 pub mod upgrade;
 
 use route::Job;
@@ -73,6 +74,8 @@ pub struct RunOptions {
     pub no_recover: bool,
     /// The control API's port into the job (commands, status).
     pub control: Option<commands::ControlHandle>,
+    /// Threads that run the job's tasks (`--parallelism`; overrides `[job] parallelism`).
+    pub parallelism: Option<usize>,
 }
 
 /// One aggregation at the end of a run.
@@ -130,8 +133,19 @@ enum Upgrade {
     Deploy(String),
 }
 
-/// Run a pipeline (fresh, or resumed from `opts.from_savepoint`).
+/// Run a pipeline (fresh, or resumed from `opts.from_savepoint`): one task, or a task per
+/// partition ([`tasks`]).
 pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<Summary> {
+    if tasks::per_partition(pipeline) {
+        return tasks::run(pipeline, opts, &|p, o| open(p, o, runtime));
+    }
+    tasks::check_one_task(pipeline, opts)?;
+    open(pipeline, opts, runtime)?.run()
+}
+
+/// Open a job (or one task of it): from the savepoint given, else from its newest
+/// checkpoint, else fresh.
+fn open<'p>(pipeline: &'p Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<RunningJob<'p>> {
     let t0 = Instant::now();
     let restore = match (&opts.from_savepoint, &pipeline.checkpoints) {
         (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
@@ -159,7 +173,7 @@ pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> R
         _ => None,
     };
     let plugins = load_plugins(pipeline, runtime, restore.as_ref().map(|r| &r.savepoint), None)?;
-    RunningJob::open(pipeline, opts, plugins, restore, Upgrade::Resume, t0)?.run()
+    RunningJob::open(pipeline, opts, plugins, restore, Upgrade::Resume, t0)
 }
 
 /// What a run starts from.
@@ -179,6 +193,29 @@ pub fn deploy(
     opts: &RunOptions,
     runtime: &PluginRuntime,
 ) -> Result<Summary> {
+    if tasks::per_partition(pipeline) {
+        let opts = RunOptions { from_savepoint: Some(from_savepoint.to_path_buf()), ..opts.clone() };
+        return tasks::run(pipeline, &opts, &|p, o| match &o.from_savepoint {
+            Some(sp) => open_deploy(p, plugin_path, sp, o, runtime),
+            None => Err(Error::Usage(format!(
+                "the savepoint {} holds no state of task {} to deploy into",
+                from_savepoint.display(),
+                p.task.as_deref().unwrap_or("?")
+            ))),
+        });
+    }
+    tasks::check_one_task(pipeline, opts)?;
+    open_deploy(pipeline, plugin_path, from_savepoint, opts, runtime)?.run()
+}
+
+/// Open a job (or one task of it) from a savepoint with a new plugin version.
+fn open_deploy<'p>(
+    pipeline: &'p Pipeline,
+    plugin_path: &Path,
+    from_savepoint: &Path,
+    opts: &RunOptions,
+    runtime: &PluginRuntime,
+) -> Result<RunningJob<'p>> {
     let restore = savepoint::read(from_savepoint)?;
     let bytes = std::fs::read(plugin_path).map_err(|e| Error::io("read plugin", plugin_path, e))?;
     let component = Component::new(bytes);
@@ -195,7 +232,7 @@ pub fn deploy(
     }
     let plugins = load_plugins(pipeline, runtime, Some(&restore), Some((&label, &component, &name)))?;
     let restore = Restore { savepoint: restore, checkpoint: None };
-    RunningJob::open(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now())?.run()
+    RunningJob::open(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now())
 }
 
 /// The plugin of every aggregation, and the deployed component it runs when that is not

@@ -140,10 +140,18 @@ impl<'p> RunningJob<'p> {
         })
     }
 
+    /// What the loop starts with: a stop at once for `--stop-with-savepoint-after 0`.
+    pub(super) fn first_step(&self) -> Step {
+        if self.stop_after == Some(0) {
+            Step::Stopped(StopMode::Savepoint)
+        } else {
+            Step::Going
+        }
+    }
+
     /// Open, step until the job ends or stops, and finish.
     pub(super) fn run(mut self) -> Result<Summary> {
-        let mut step =
-            if self.stop_after == Some(0) { Step::Stopped(StopMode::Savepoint) } else { Step::Going };
+        let mut step = self.first_step();
         loop {
             match step {
                 Step::Going => {}
@@ -398,6 +406,7 @@ impl<'p> RunningJob<'p> {
             backpressure_seconds: job.backpressure.1.as_secs_f64(),
             sink_in_flight: job.output.as_ref().and_then(ResultSink::in_flight).map(|n| n as u64),
             throughput: Vec::new(),
+            tasks: Vec::new(),
         }
     }
 
@@ -565,7 +574,8 @@ fn open_sinks(
 ) -> Result<()> {
     let sink_pos = |name: &str| restore.and_then(|meta| meta.sinks.iter().find(|s| s.name == name).cloned());
     // A transactional sink's id is stable per job, so a restart fences its predecessor.
-    let txn_id = format!("km0-{}", pipeline.name);
+    // Each task of a job has its own (a task is restored alone, by whoever runs it next).
+    let txn_id = format!("km0-{}", pipeline.instance_name());
     job.output = Some(match (&opts.output, &pipeline.sink) {
         (Some(p), _) => ResultSink::Jsonl(JsonlSink::open("output", p, sink_pos("output").as_ref())?),
         (None, SinkSpec::File { path }) => {
@@ -588,7 +598,7 @@ fn open_sinks(
                 fingerprint: job.fingerprint.clone(),
                 replayable,
             };
-            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.name, &start)?)
+            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.instance_name(), &start)?)
         }
     });
     job.late = Some(JsonlSink::open("late", &pipeline.late, sink_pos("late").as_ref())?);
@@ -734,7 +744,7 @@ pub(super) fn begin_savepoint(
 }
 
 /// A new savepoint's folder in `dir`, named by the records read.
-fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
+pub(super) fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
     let mut path = dir.join(format!("savepoint-{records:012}"));
     // Two savepoints at the same record (on demand, then at a stop) get their own folders.
     let mut n = 1;

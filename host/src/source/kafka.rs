@@ -184,6 +184,39 @@ fn kafka_error(brokers: &str, what: impl std::fmt::Display, e: KafkaError) -> Er
     Error::Kafka { brokers: brokers.to_string(), message: format!("{what}: {e}") }
 }
 
+/// Every partition of the source's topics, in (topic, partition) order: a job whose
+/// partitions are tasks has one task each.
+pub fn partitions(spec: &KafkaSourceSpec) -> Result<Vec<(String, i32)>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &spec.brokers)
+        .set("client.id", "km0")
+        .create()
+        .map_err(|e| kafka_error(&spec.brokers, "create the consumer", e))?;
+    topic_partitions(&consumer, spec)
+}
+
+fn topic_partitions(consumer: &BaseConsumer, spec: &KafkaSourceSpec) -> Result<Vec<(String, i32)>> {
+    let brokers = &spec.brokers;
+    let mut found = Vec::new();
+    for topic in &spec.topics {
+        let md = consumer
+            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+            .map_err(|e| kafka_error(brokers, format!("read the metadata of topic {topic:?}"), e))?;
+        let t = md.topics().iter().find(|t| t.name() == topic);
+        let mut ids: Vec<i32> =
+            t.map(|t| t.partitions().iter().map(|p| p.id()).collect()).unwrap_or_default();
+        if ids.is_empty() || t.and_then(|t| t.error()).is_some() {
+            return Err(Error::Kafka {
+                brokers: brokers.clone(),
+                message: format!("topic {topic:?} does not exist (create it before starting the job)"),
+            });
+        }
+        ids.sort_unstable();
+        found.extend(ids.into_iter().map(|id| (topic.clone(), id)));
+    }
+    Ok(found)
+}
+
 impl KafkaSource {
     /// Connect, find the topics' partitions and position each one: at its offset in
     /// `resume` (matched by topic/partition), else where `spec.start` says.
@@ -217,23 +250,10 @@ impl KafkaSource {
                 )));
             }
         }
-        // Every partition of every topic, in (topic, partition) order.
-        let mut found = Vec::new();
-        for topic in &spec.topics {
-            let md = consumer
-                .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
-                .map_err(|e| kafka_error(&brokers, format!("read the metadata of topic {topic:?}"), e))?;
-            let t = md.topics().iter().find(|t| t.name() == topic);
-            let mut ids: Vec<i32> =
-                t.map(|t| t.partitions().iter().map(|p| p.id()).collect()).unwrap_or_default();
-            if ids.is_empty() || t.and_then(|t| t.error()).is_some() {
-                return Err(Error::Kafka {
-                    brokers: brokers.clone(),
-                    message: format!("topic {topic:?} does not exist (create it before starting the job)"),
-                });
-            }
-            ids.sort_unstable();
-            found.extend(ids.into_iter().map(|id| (topic.clone(), id)));
+        // Every partition of every topic, in (topic, partition) order (one, for a task).
+        let mut found = topic_partitions(&consumer, spec)?;
+        if let Some(only) = &spec.only {
+            found.retain(|p| p == only);
         }
 
         // Starting offsets: the checkpoint's, else the configured start.

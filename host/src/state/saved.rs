@@ -31,6 +31,33 @@ pub struct Counters {
     pub retracted: u64,
 }
 
+impl Counters {
+    /// Add another task's counters (a job of several tasks).
+    pub fn add(&mut self, o: &Counters) {
+        self.read += o.read;
+        self.filtered += o.filtered;
+        self.dead_lettered += o.dead_lettered;
+        self.late += o.late;
+        self.late_updates += o.late_updates;
+        self.accepted += o.accepted;
+        self.windows_fired += o.windows_fired;
+        self.emitted += o.emitted;
+        self.retracted += o.retracted;
+    }
+}
+
+impl OperatorCounters {
+    /// Add another task's counters of the same aggregation.
+    pub fn add(&mut self, o: &OperatorCounters) {
+        self.accepted += o.accepted;
+        self.late += o.late;
+        self.late_updates += o.late_updates;
+        self.windows_fired += o.windows_fired;
+        self.emitted += o.emitted;
+        self.retracted += o.retracted;
+    }
+}
+
 /// What one aggregation did, cumulative across savepoint resumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OperatorCounters {

@@ -1,0 +1,596 @@
+//! A job whose partitions are tasks (`[event_time] watermark = "per-partition"`): each
+//! source partition (a file of `[source] paths`, a Kafka partition) is a [`RunningJob`] of
+//! its own that owns the windows of the keys arriving in it (`[source] partitioned_by`),
+//! its position, its event-time clock, its sinks' progress and its checkpoints: Kafka
+//! Streams' task model. `--parallelism N` threads run the tasks, each stepping its share
+//! in turn. The parallelism is in no snapshot: a job savepoint is one savepoint per task
+//! ([`savepoint::write_tasks`]), so it resumes at any parallelism, and a task's state can
+//! be restored alone by whoever runs its partition next.
+//!
+//! What a task writes is its own: file sinks get a file per task (`alerts-task-0.jsonl`),
+//! PostgreSQL progress and Kafka transactional ids are per task
+//! ([`Pipeline::instance_name`]), checkpoints and RocksDB's working state go to a
+//! subfolder per task.
+
+use super::commands::{Command, ControlHandle, JobState, JobStatus, Refused, StopMode, TaskStatus};
+use super::running::{savepoint_path, RunningJob, Step};
+use super::*;
+use crate::checkpoint::savepoint::TaskEntry;
+use crate::pipeline::{folder_name, SourceSpec, WatermarkScope};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Mutex;
+
+/// Opens a task: a run resumed or fresh, or a deploy from the task's savepoint.
+pub(super) type Open<'o> = dyn for<'a> Fn(&'a Pipeline, &RunOptions) -> Result<RunningJob<'a>> + Sync + 'o;
+
+/// One task: its name (its folder in savepoints and checkpoints), its partition, and the
+/// job's pipeline narrowed to it.
+pub(super) struct Task {
+    pub(super) name: String,
+    pub(super) partition: String,
+    pub(super) pipeline: Pipeline,
+}
+
+/// Whether the job's partitions are tasks.
+pub(super) fn per_partition(pipeline: &Pipeline) -> bool {
+    pipeline.event_time.watermark == WatermarkScope::PerPartition
+}
+
+/// A job with the job's watermark runs as one task: more threads than one are refused,
+/// and so is the savepoint of a job of several tasks.
+pub(super) fn check_one_task(pipeline: &Pipeline, opts: &RunOptions) -> Result<()> {
+    if opts.parallelism.is_some_and(|n| n > 1) {
+        return Err(Error::Usage(format!(
+            "--parallelism {} needs `[event_time] watermark = \"per-partition\"`: with the job's watermark \
+             (the minimum over all partitions, the default) pipeline {:?} runs its partitions as one task",
+            opts.parallelism.unwrap_or(1),
+            pipeline.name
+        )));
+    }
+    Ok(())
+}
+
+/// The tasks of a job whose partitions are tasks: a file each (`--input` is one), or a
+/// Kafka partition each.
+pub(super) fn plan(pipeline: &Pipeline, opts: &RunOptions) -> Result<Vec<Task>> {
+    let mut tasks = Vec::new();
+    match (&opts.input, &pipeline.source) {
+        (Some(input), _) => tasks.push(file_task(pipeline, "task-0", input)),
+        (None, SourceSpec::File { paths, .. }) => {
+            for (i, path) in paths.iter().enumerate() {
+                tasks.push(file_task(pipeline, &format!("task-{i}"), path));
+            }
+        }
+        (None, SourceSpec::Kafka(k)) => {
+            let several = k.topics.len() > 1;
+            for (topic, id) in crate::source::kafka::partitions(k)? {
+                let name =
+                    if several { format!("task-{}-{id}", folder_name(&topic)) } else { format!("task-{id}") };
+                let mut p = task_pipeline(pipeline, &name);
+                if let SourceSpec::Kafka(k) = &mut p.source {
+                    k.only = Some((topic.clone(), id));
+                }
+                tasks.push(Task { name, partition: format!("{topic}/{id}"), pipeline: p });
+            }
+        }
+    }
+    Ok(tasks)
+}
+
+fn file_task(pipeline: &Pipeline, name: &str, path: &Path) -> Task {
+    let mut p = task_pipeline(pipeline, name);
+    if let SourceSpec::File { paths, .. } = &mut p.source {
+        *paths = vec![path.to_path_buf()];
+    }
+    Task { name: name.into(), partition: path.display().to_string(), pipeline: p }
+}
+
+/// The job's pipeline as one task runs it: its own files, checkpoints and state folder.
+fn task_pipeline(job: &Pipeline, task: &str) -> Pipeline {
+    let mut p = job.clone();
+    p.task = Some(task.into());
+    if let SinkSpec::File { path } = &mut p.sink {
+        *path = task_file(path, task);
+    }
+    p.late = task_file(&p.late, task);
+    if let DeadLetterSpec::File(path) = &mut p.dead_letter {
+        *path = task_file(path, task);
+    }
+    if let Some(c) = &mut p.checkpoints {
+        c.dir = c.dir.join(task);
+    }
+    p.state.dir = p.state.dir.join(task);
+    p
+}
+
+/// A task's file beside the job's: `out/alerts.jsonl` of `task-1` is
+/// `out/alerts-task-1.jsonl` (standard output stays itself).
+pub fn task_file(path: &Path, task: &str) -> PathBuf {
+    if path == Path::new("-") {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}-{task}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-{task}"),
+    };
+    path.with_file_name(name)
+}
+
+/// Where each task resumes from in the job savepoint `sp`: its folder, or none for a
+/// partition the savepoint does not know (new since); tasks whose input had ended are
+/// left out of the run.
+fn task_savepoints(sp: &Path, tasks: &[Task]) -> Result<(Vec<Option<PathBuf>>, Vec<bool>)> {
+    let Some(manifest) = savepoint::read_tasks(sp)? else {
+        return Err(Error::Savepoint {
+            path: sp.to_path_buf(),
+            message:
+                "is the savepoint of a job that ran as one task (`[event_time] watermark = \"job\"`): its \
+                      windows are not kept by partition, so it resumes only with the job's watermark"
+                    .into(),
+        });
+    };
+    let entry = |t: &Task| manifest.tasks.iter().find(|e| e.task == t.name);
+    let from = tasks.iter().map(|t| entry(t).filter(|e| !e.ended).map(|e| sp.join(&e.task))).collect();
+    let ended = tasks.iter().map(|t| entry(t).is_some_and(|e| e.ended)).collect();
+    Ok((from, ended))
+}
+
+/// Run the job's tasks on `--parallelism` threads (default: the cores, at most the
+/// tasks), each opened by `open`; their summaries summed, and their savepoints one job
+/// savepoint.
+pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result<Summary> {
+    let mut tasks = plan(pipeline, opts)?;
+    let mut restore = vec![None; tasks.len()];
+    if let Some(sp) = &opts.from_savepoint {
+        let (from, ended) = task_savepoints(sp, &tasks)?;
+        restore = from;
+        let mut i = 0;
+        tasks.retain(|_| (!ended[i], i += 1).0);
+        let mut i = 0;
+        restore.retain(|_| (!ended[i], i += 1).0);
+    }
+    if tasks.is_empty() {
+        return Err(Error::Usage(format!("pipeline {:?} has no partition left to run", pipeline.name)));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = opts.parallelism.or(pipeline.parallelism).unwrap_or(cores).clamp(1, tasks.len());
+    let sp_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
+    let task_opts: Vec<RunOptions> = tasks
+        .iter()
+        .zip(restore)
+        .map(|(t, from)| RunOptions {
+            output: opts.output.as_ref().map(|p| task_file(p, &t.name)),
+            savepoint_dir: Some(sp_dir.join(".tasks").join(&t.name)),
+            from_savepoint: from,
+            control: opts.control.as_ref().map(|_| ControlHandle::new()),
+            parallelism: None,
+            ..opts.clone()
+        })
+        .collect();
+    tracing::info!(pipeline = %pipeline.name, tasks = tasks.len(), threads, "job started as tasks");
+    let fan = opts.control.clone().map(|outer| Fan {
+        outer,
+        tasks: tasks
+            .iter()
+            .zip(&task_opts)
+            .enumerate()
+            .map(|(i, (t, o))| (t.name.clone(), t.partition.clone(), i % threads, o.control.clone()))
+            .filter_map(|(n, p, th, h)| h.map(|h| (n, p, th, h)))
+            .collect(),
+        pipeline: pipeline.name.clone(),
+        sp_dir: sp_dir.clone(),
+        done: AtomicBool::new(false),
+        stop: Mutex::new(None),
+    });
+    let failed = AtomicBool::new(false);
+    let (tasks_ref, opts_ref, failed_ref) = (&tasks, &task_opts, &failed);
+    let outcomes: Vec<std::thread::Result<Result<Driven>>> = std::thread::scope(|s| {
+        let fan_thread = fan.as_ref().map(|f| s.spawn(move || f.serve()));
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let mine: Vec<usize> = (t..tasks_ref.len()).step_by(threads).collect();
+                std::thread::Builder::new()
+                    .name(format!("km0-task-thread-{t}"))
+                    .spawn_scoped(s, move || drive(&mine, tasks_ref, opts_ref, open, failed_ref))
+            })
+            .collect();
+        let out = workers
+            .into_iter()
+            .map(|w| match w {
+                Ok(w) => w.join(),
+                Err(e) => Ok(Err(Error::io("start a task thread", &pipeline.file, e))),
+            })
+            .collect();
+        if let Some(f) = &fan {
+            f.done.store(true, Ordering::SeqCst);
+        }
+        if let Some(t) = fan_thread {
+            let _ = t.join();
+        }
+        out
+    });
+    let mut parts = Vec::new();
+    let mut first_error = None;
+    let (mut cpu, mut elapsed) = (Duration::ZERO, Duration::ZERO);
+    for o in outcomes {
+        match o {
+            Ok(Ok(d)) => {
+                cpu += d.cpu;
+                elapsed = elapsed.max(d.elapsed);
+                parts.extend(d.summaries);
+            }
+            Ok(Err(e)) => first_error = first_error.or(Some(e)),
+            Err(_) => first_error = first_error.or(Some(Error::Usage("a task thread panicked".into()))),
+        }
+    }
+    let stop_reply = fan.as_ref().and_then(|f| f.stop.lock().ok().and_then(|mut s| s.take()));
+    let result = match first_error {
+        Some(e) => Err(e),
+        None => finish(pipeline, &tasks, parts, &sp_dir, cpu, elapsed),
+    };
+    if let Some((reply, answers)) = stop_reply {
+        let refused = answers.iter().find_map(|rx| match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(Err(e)) => Some(e),
+            _ => None,
+        });
+        let _ = reply.send(match (&result, refused) {
+            (_, Some(e)) => Err(e),
+            (Ok(s), None) => Ok(s.savepoint.clone()),
+            (Err(e), None) => Err(Refused::Failed(e.to_string())),
+        });
+    }
+    result
+}
+
+/// What one thread did: its tasks' summaries, its CPU time and how long it ran.
+struct Driven {
+    summaries: Vec<(usize, Summary)>,
+    cpu: Duration,
+    elapsed: Duration,
+}
+
+/// One thread's loop: open its tasks, then step each in turn until all have finished
+/// (sleeping only when every one of them waits for input). A task that fails stops the
+/// job: every thread leaves its tasks where they are (as a crash would; each recovers
+/// from its checkpoints).
+fn drive(
+    mine: &[usize],
+    tasks: &[Task],
+    opts: &[RunOptions],
+    open: &Open,
+    failed: &AtomicBool,
+) -> Result<Driven> {
+    let fail = |e: Error, task: &str| {
+        failed.store(true, Ordering::SeqCst);
+        tracing::error!(task, error = %e, "task failed; the job stops");
+        e
+    };
+    let mut live = Vec::with_capacity(mine.len());
+    for &i in mine {
+        if failed.load(Ordering::SeqCst) {
+            return Err(Error::Usage("another task failed".into()));
+        }
+        let job = open(&tasks[i].pipeline, &opts[i]).map_err(|e| fail(e, &tasks[i].name))?;
+        let step = job.first_step();
+        live.push((i, job, step));
+    }
+    let (cpu0, t0) = (metrics::thread_cpu_time(), Instant::now());
+    let mut summaries = Vec::with_capacity(mine.len());
+    while !live.is_empty() {
+        if failed.load(Ordering::SeqCst) {
+            return Err(Error::Usage("another task failed".into()));
+        }
+        let (mut going, mut wait) = (false, Duration::MAX);
+        let mut k = 0;
+        while k < live.len() {
+            let (i, job, step) = &mut live[k];
+            let next = match *step {
+                Step::Going | Step::Idle(_) => job.step().map_err(|e| fail(e, &tasks[*i].name))?,
+                done => done,
+            };
+            match next {
+                Step::Ended | Step::Stopped(_) => {
+                    let (i, job, _) = live.remove(k);
+                    summaries.push((i, job.finish(next).map_err(|e| fail(e, &tasks[i].name))?));
+                    if let Some(h) = &opts[i].control {
+                        h.closed.store(true, Ordering::SeqCst);
+                        h.refuse_waiting("the task has stopped");
+                    }
+                    continue;
+                }
+                Step::Idle(w) => wait = wait.min(w),
+                Step::Going => going = true,
+            }
+            *step = next;
+            k += 1;
+        }
+        if !going && !live.is_empty() {
+            std::thread::sleep(wait.min(Duration::from_millis(20)));
+        }
+    }
+    Ok(Driven { summaries, cpu: metrics::thread_cpu_time().saturating_sub(cpu0), elapsed: t0.elapsed() })
+}
+
+/// The job's summary from its tasks': counters summed, the clock the slowest task's, and
+/// one job savepoint of the tasks' savepoints.
+fn finish(
+    pipeline: &Pipeline,
+    tasks: &[Task],
+    mut parts: Vec<(usize, Summary)>,
+    sp_dir: &Path,
+    cpu: Duration,
+    elapsed: Duration,
+) -> Result<Summary> {
+    parts.sort_by_key(|(i, _)| *i);
+    let saved: Vec<(TaskEntry, Option<PathBuf>)> = parts
+        .iter()
+        .map(|(i, s)| {
+            let t = &tasks[*i];
+            let entry = TaskEntry {
+                task: t.name.clone(),
+                partition: t.partition.clone(),
+                ended: s.savepoint.is_none(),
+            };
+            (entry, s.savepoint.clone())
+        })
+        .collect();
+    let mut iter = parts.into_iter().map(|(_, s)| s);
+    let Some(mut sum) = iter.next() else {
+        return Err(Error::Usage("the job ran no task".into()));
+    };
+    for s in iter {
+        sum.counters.add(&s.counters);
+        for (o, p) in sum.operators.iter_mut().zip(&s.operators) {
+            o.counters.add(&p.counters);
+            o.open_slots += p.open_slots;
+            o.keys += p.keys;
+        }
+        sum.open_windows += s.open_windows;
+        sum.watermark = sum.watermark.min(s.watermark);
+        sum.migrated.extend(s.migrated);
+        sum.records_this_run += s.records_this_run;
+        sum.recovered_from = sum.recovered_from.or(s.recovered_from);
+        sum.restore_time = sum.restore_time.max(s.restore_time);
+        sum.checkpoints += s.checkpoints;
+        sum.checkpoint_pause_max = sum.checkpoint_pause_max.max(s.checkpoint_pause_max);
+        sum.checkpoint_pause_total += s.checkpoint_pause_total;
+        sum.savepoint_pause = sum.savepoint_pause.max(s.savepoint_pause);
+        sum.lag.extend(s.lag);
+        sum.backpressure_pauses += s.backpressure_pauses;
+    }
+    sum.cpu = cpu;
+    sum.elapsed = elapsed;
+    sum.savepoint = None;
+    if saved.iter().any(|(_, p)| p.is_some()) {
+        let path = savepoint_path(sp_dir, sum.counters.read);
+        savepoint::write_tasks(&path, &pipeline.name, &saved)?;
+        tracing::info!(path = %path.display(), tasks = saved.len(), "job savepoint written");
+        sum.savepoint = Some(path);
+    }
+    Ok(sum)
+}
+
+/// The control port of a job of tasks: commands fanned out to every task's port and
+/// their replies joined; the tasks' statuses published as the job's.
+struct Fan {
+    outer: ControlHandle,
+    /// Each task's name, partition, thread and port.
+    tasks: Vec<(String, String, usize, ControlHandle)>,
+    pipeline: String,
+    sp_dir: PathBuf,
+    done: AtomicBool,
+    /// A stop's reply, sent when the job has finished, and the tasks' answers.
+    #[allow(clippy::type_complexity)]
+    stop:
+        Mutex<Option<(super::port::StopReply, Vec<Receiver<std::result::Result<Option<PathBuf>, Refused>>>)>>,
+}
+
+impl Fan {
+    fn serve(&self) {
+        let t0 = Instant::now();
+        let mut samples: std::collections::VecDeque<(i64, u64)> = Default::default();
+        let mut savepoints = Vec::new();
+        while !self.done.load(Ordering::SeqCst) {
+            let command = match self.outer.port.commands.lock() {
+                Ok(rx) => rx.recv_timeout(Duration::from_millis(50)).ok(),
+                Err(_) => None,
+            };
+            match command {
+                Some(Command::Savepoint { reply }) => {
+                    let answer = self.savepoint();
+                    if let Ok(path) = &answer {
+                        savepoints.push(path.clone());
+                    }
+                    let _ = reply.send(answer);
+                }
+                Some(Command::Stop { mode, reply }) => self.stop(mode, reply),
+                Some(Command::Deploy { reply, .. }) => {
+                    let _ = reply.send(Err(Refused::Closed(
+                        "a live deploy into a job of several tasks is not supported yet: stop it with a savepoint \
+                         (`km0 stop`) and resume with `km0 deploy NEW.wasm --from-savepoint DIR`"
+                            .into(),
+                    )));
+                }
+                None => {}
+            }
+            let mut status = self.status(t0);
+            let now = metrics::now_ms();
+            if samples.back().is_none_or(|&(t, _)| now - t >= 1000) {
+                samples.push_back((now, status.counters.read));
+            }
+            while samples.front().is_some_and(|&(t, _)| now - t > super::commands::THROUGHPUT_WINDOW_MS) {
+                samples.pop_front();
+            }
+            status.records_per_second = rate(&samples);
+            status.throughput = samples.iter().copied().collect();
+            status.last_savepoint = savepoints.last().cloned();
+            status.savepoints = savepoints.clone();
+            self.outer.publish(status);
+        }
+    }
+
+    /// A savepoint of every task, then one job savepoint of them.
+    fn savepoint(&self) -> std::result::Result<PathBuf, Refused> {
+        let mut saved = Vec::new();
+        for (name, partition, _, h) in &self.tasks {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let answer = ask(h, Command::Savepoint { reply: tx }, &rx);
+            let entry = TaskEntry { task: name.clone(), partition: partition.clone(), ended: false };
+            match answer {
+                Ok(path) => saved.push((entry, Some(path))),
+                // A task whose bounded input ended has nothing left to save.
+                Err(Refused::Closed(_)) if h.closed.load(Ordering::SeqCst) => {
+                    saved.push((TaskEntry { ended: true, ..entry }, None))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let read = self.tasks.iter().map(|(.., h)| h.status().counters.read).sum();
+        let path = savepoint_path(&self.sp_dir, read);
+        savepoint::write_tasks(&path, &self.pipeline, &saved)
+            .map_err(|e| Refused::Failed(format!("the job savepoint failed: {e}")))?;
+        Ok(path)
+    }
+
+    /// A stop sent to every task; answered with the job savepoint once the job finished.
+    fn stop(&self, mode: StopMode, reply: super::port::StopReply) {
+        let mut answers = Vec::new();
+        for (.., h) in &self.tasks {
+            let (tx, rx) = std::sync::mpsc::channel();
+            if !h.closed.load(Ordering::SeqCst) && h.sender.send(Command::Stop { mode, reply: tx }).is_ok() {
+                answers.push(rx);
+            }
+        }
+        self.outer.set_state(JobState::Stopping);
+        if let Ok(mut s) = self.stop.lock() {
+            *s = Some((reply, answers));
+        }
+    }
+
+    /// The job's status: the tasks' summed, and a line per task.
+    fn status(&self, t0: Instant) -> JobStatus {
+        let mut job = JobStatus { pipeline: self.pipeline.clone(), ..JobStatus::default() };
+        let mut first = true;
+        let mut states = Vec::new();
+        for (name, partition, thread, h) in &self.tasks {
+            let s = h.status();
+            states.push(s.state);
+            job.tasks.push(TaskStatus {
+                task: name.clone(),
+                partition: partition.clone(),
+                thread: *thread,
+                state: s.state,
+                watermark: s.watermark,
+                read: s.counters.read,
+                records_per_second: s.records_per_second,
+                open_windows: s.aggregations.iter().map(|a| a.open_windows).sum(),
+                lag: (!s.lag.is_empty()).then(|| s.lag.iter().map(|l| l.lag).sum()),
+            });
+            if s.state == JobState::Starting {
+                continue;
+            }
+            job.counters.add(&s.counters);
+            job.watermark = if first { s.watermark } else { job.watermark.min(s.watermark) };
+            first = false;
+            job.partitions.extend(s.partitions.iter().cloned());
+            job.lag.extend(s.lag.iter().cloned());
+            for a in &s.aggregations {
+                match job.aggregations.iter_mut().find(|j| j.name == a.name) {
+                    Some(j) => {
+                        j.open_windows += a.open_windows;
+                        j.keys += a.keys;
+                        j.state_bytes += a.state_bytes;
+                    }
+                    None => job.aggregations.push(a.clone()),
+                }
+            }
+            job.checkpoints += s.checkpoints;
+            job.checkpoint_history.extend(s.checkpoint_history.iter().cloned());
+            job.progress = match (job.progress, s.progress) {
+                (Some((a, b)), Some((c, d))) => Some((a + c, b + d)),
+                (None, p) if job.tasks.len() == 1 => p,
+                _ => None,
+            };
+            job.recent_side_outputs.extend(s.recent_side_outputs.iter().cloned());
+            job.backpressure_pauses += s.backpressure_pauses;
+            job.backpressure_seconds += s.backpressure_seconds;
+            job.sink_in_flight = match (job.sink_in_flight, s.sink_in_flight) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+        }
+        job.checkpoint_history.sort_by_key(|c| c.taken_at_ms);
+        let keep = job.checkpoint_history.len().saturating_sub(super::commands::CHECKPOINT_HISTORY);
+        job.checkpoint_history.drain(..keep);
+        job.recent_side_outputs.sort_by_key(|r| r.at_ms);
+        let keep = job.recent_side_outputs.len().saturating_sub(super::commands::RECENT_SIDE_RECORDS);
+        job.recent_side_outputs.drain(..keep);
+        job.state = if states.iter().all(|s| *s == JobState::Stopped) {
+            JobState::Stopped
+        } else if self.outer.status().state == JobState::Stopping || states.contains(&JobState::Stopping) {
+            JobState::Stopping
+        } else if states.contains(&JobState::Running) {
+            JobState::Running
+        } else {
+            JobState::Starting
+        };
+        job.uptime_ms = t0.elapsed().as_millis() as u64;
+        job
+    }
+}
+
+/// Records per second over the last (up to) five samples.
+fn rate(samples: &std::collections::VecDeque<(i64, u64)>) -> f64 {
+    let n = samples.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let (t1, r1) = samples[n - 1];
+    let (t0, r0) = samples[n.saturating_sub(6)];
+    if t1 <= t0 {
+        return 0.0;
+    }
+    (r1.saturating_sub(r0)) as f64 * 1000.0 / (t1 - t0) as f64
+}
+
+/// Send a task a command and wait for its answer (refused once the task has stopped).
+fn ask<T>(
+    h: &ControlHandle,
+    command: Command,
+    rx: &Receiver<std::result::Result<T, Refused>>,
+) -> std::result::Result<T, Refused> {
+    if h.closed.load(Ordering::SeqCst) {
+        command.refuse("the task has stopped");
+    } else if h.sender.send(command).is_err() {
+        return Err(Refused::Closed("the task has stopped".into()));
+    }
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(answer) => return answer,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if h.closed.load(Ordering::SeqCst) {
+                    h.refuse_waiting("the task has stopped");
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Refused::Closed("the task has stopped".into()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::task_file;
+    use std::path::Path;
+
+    #[test]
+    fn a_task_writes_files_of_its_own_beside_the_jobs() {
+        assert_eq!(task_file(Path::new("out/alerts.jsonl"), "task-1"), Path::new("out/alerts-task-1.jsonl"));
+        assert_eq!(task_file(Path::new("/x/late"), "task-0"), Path::new("/x/late-task-0"));
+        assert_eq!(task_file(Path::new("a.b.jsonl"), "task-2"), Path::new("a.b-task-2.jsonl"));
+        assert_eq!(task_file(Path::new("-"), "task-3"), Path::new("-"));
+    }
+}

@@ -45,6 +45,8 @@ pub struct StockJob {
     pub source: String,
     pub sink: String,
     pub dead_letter: String,
+    /// More lines of `[event_time]` (`watermark = "per-partition"`).
+    pub event_time: String,
     pub extra: String,
 }
 
@@ -58,6 +60,7 @@ impl StockJob {
             source: "kind = \"file\"\npath = \"in.jsonl\"".into(),
             sink: "kind = \"file\"\npath = \"out/alertas.jsonl\"".into(),
             dead_letter: "path = \"out/dead-letter.jsonl\"".into(),
+            event_time: String::new(),
             extra: String::new(),
         }
     }
@@ -75,6 +78,7 @@ tipo = "stock.actualizado"
 [event_time]
 field = "fecha_ms"
 watermark_delay = "{delay}"
+{event_time}
 [window]
 kind = "tumbling"
 size = "5m"
@@ -100,6 +104,7 @@ dir = "out/savepoints"
             source = self.source,
             sink = self.sink,
             dead_letter = self.dead_letter,
+            event_time = self.event_time,
             extra = self.extra,
         );
         let path = dir.join("pipeline.toml");

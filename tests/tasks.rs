@@ -1,0 +1,307 @@
+//! A job whose partitions are tasks (`[event_time] watermark = "per-partition"`), with the
+//! real `km0` binary over four files partitioned by producto: the output is the same at
+//! any parallelism, from run to run, and equal to each partition run alone and to the
+//! reference model run over each partition; a job savepoint taken at one parallelism
+//! resumes at another (memory and RocksDB state) to the uninterrupted output; and SIGKILLs
+//! of a followed job at parallelism 2 recover to the uninterrupted output.
+
+use km0::generate::{stock_stream, StockStream};
+use km0_e2e::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PARTITIONS: usize = 4;
+const THRESHOLD: i64 = 10;
+
+/// A generated stock stream split into `PARTITIONS` files by producto (each producto's
+/// records in one file, in stream order), as a producer keyed by producto would; lines
+/// with no producto (malformed) go by line number.
+fn partitioned(dir: &Path, events: u64, seed: u64) -> Vec<PathBuf> {
+    let spec = StockStream { events, seed, late_fraction: 0.004, bad_fraction: 0.002, ..Default::default() };
+    let mut all = Vec::new();
+    stock_stream(&spec, &mut all).unwrap();
+    let mut parts = vec![String::new(); PARTITIONS];
+    for (i, line) in String::from_utf8_lossy(&all).lines().enumerate() {
+        let producto = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v["producto"].as_str().map(str::to_string));
+        let p = match producto {
+            // FNV-1a: any fixed hash of the key does.
+            Some(k) => {
+                k.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+                    as usize
+            }
+            None => i,
+        };
+        parts[p % PARTITIONS].push_str(line);
+        parts[p % PARTITIONS].push('\n');
+    }
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let path = dir.join(format!("part-{i}.jsonl"));
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect()
+}
+
+/// The stock job over `parts`, a task per file, written into `dir` (outputs in `dir/out`).
+fn task_job(dir: &Path, parts: &[PathBuf], extra: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut job = StockJob::new("2m", THRESHOLD);
+    let paths: Vec<String> = parts.iter().map(|p| format!("{:?}", p.display().to_string())).collect();
+    job.source = format!("kind = \"file\"\npaths = [{}]\npartitioned_by = [\"producto\"]", paths.join(", "));
+    job.event_time = "watermark = \"per-partition\"".into();
+    job.extra = extra.into();
+    job.write(dir)
+}
+
+/// Run `km0` with `args`; its standard error, the run having succeeded.
+fn km0(args: &[&str], pipeline: &Path) -> String {
+    let out = Command::new(km0_bin())
+        .arg("run")
+        .arg(pipeline)
+        .args(["--http", "off", "--quiet"])
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "km0 run {args:?}: {err}");
+    err
+}
+
+/// Every task's alerts, late events and dead letters, in task order.
+fn task_outputs(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in 0..PARTITIONS {
+        for f in ["alertas", "late", "dead-letter"] {
+            out.push(
+                std::fs::read_to_string(dir.join(format!("out/{f}-task-{t}.jsonl"))).unwrap_or_default(),
+            );
+        }
+    }
+    out
+}
+
+fn assert_same(got: &[String], want: &[String], what: &str) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let first = g.lines().zip(w.lines()).position(|(a, b)| a != b);
+        assert!(
+            g == w,
+            "{what}: task {} output {} differs (first at line {first:?}; {} vs {} lines)",
+            i / 3,
+            i % 3,
+            g.lines().count(),
+            w.lines().count()
+        );
+    }
+}
+
+/// The newest job savepoint in `dir/out/savepoints`.
+fn newest_savepoint(dir: &Path) -> PathBuf {
+    let mut sps: Vec<PathBuf> = std::fs::read_dir(dir.join("out/savepoints"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("tasks.json").is_file())
+        .collect();
+    sps.sort();
+    sps.pop().expect("a job savepoint")
+}
+
+#[test]
+fn four_partitions_give_one_output_at_any_parallelism_equal_to_each_partition_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 120_000, 5);
+    let runs: Vec<Vec<String>> = [("p1", "1"), ("p2", "2"), ("p2-again", "2"), ("p3", "3")]
+        .iter()
+        .map(|(name, n)| {
+            let d = dir.path().join(name);
+            let err = km0(&["--parallelism", n], &task_job(&d, &parts, ""));
+            assert!(err.contains("read 120000 records"), "{err}");
+            task_outputs(&d)
+        })
+        .collect();
+    for (i, name) in ["p2", "p2 again", "p3"].iter().enumerate() {
+        assert_same(&runs[i + 1], &runs[0], &format!("{name} against p1"));
+    }
+    let mut alerts = 0;
+    for (t, part) in parts.iter().enumerate() {
+        // Each partition run alone, as a job of one partition (the job's watermark).
+        let d = dir.path().join(format!("alone-{t}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let mut job = StockJob::new("2m", THRESHOLD);
+        job.source = format!("kind = \"file\"\npath = {:?}", part.display().to_string());
+        km0(&[], &job.write(&d));
+        let alone = ["alertas", "late", "dead-letter"]
+            .map(|f| std::fs::read_to_string(d.join(format!("out/{f}.jsonl"))).unwrap_or_default());
+        assert_same(&alone, &runs[1][t * 3..t * 3 + 3], &format!("partition {t} alone against its task"));
+
+        // The reference model over the partition: its own clock.
+        let model = reference_stock(part, 120_000, u64::MAX);
+        let want: std::collections::BTreeMap<String, serde_json::Value> =
+            model.alerts(THRESHOLD).into_iter().collect();
+        let got = keyed_view(&dir.path().join(format!("p2/out/alertas-task-{t}.jsonl")));
+        assert_eq!(got.len(), want.len(), "task {t}: alerts");
+        assert!(got == want, "task {t}: alerts differ from the reference model");
+        assert_eq!(runs[1][t * 3 + 1].lines().count() as u64, model.late, "task {t}: late events");
+        alerts += got.len();
+    }
+    assert!(alerts > 1_000, "alerts: {alerts}");
+}
+
+#[test]
+fn a_savepoint_at_parallelism_2_resumes_at_1_and_at_3_with_memory_and_rocksdb_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 80_000, 9);
+    for (backend, extra) in [
+        ("memory", ""),
+        (
+            "rocksdb",
+            "[checkpoints]\ndir = \"chk\"\ninterval = \"1h\"\n[state]\nbackend = \"rocksdb\"\ndir = \"state\"",
+        ),
+    ] {
+        let whole = dir.path().join(format!("{backend}-whole"));
+        km0(&["--parallelism", "2"], &task_job(&whole, &parts, extra));
+        let want = task_outputs(&whole);
+
+        // Stopped at parallelism 2, resumed at 1.
+        let d = dir.path().join(format!("{backend}-2-1"));
+        let job = task_job(&d, &parts, extra);
+        let err = km0(&["--parallelism", "2", "--stop-with-savepoint-after", "6000"], &job);
+        assert!(err.contains("stopped with savepoint"), "{err}");
+        let sp = newest_savepoint(&d);
+        let err = km0(&["--parallelism", "1", "--from-savepoint", sp.to_str().unwrap()], &job);
+        assert!(err.contains("read 80000 records"), "{err}");
+        assert_same(&task_outputs(&d), &want, &format!("{backend}: savepoint at 2, resumed at 1"));
+
+        // Stopped at 2, again at 3, resumed at 1.
+        let d = dir.path().join(format!("{backend}-2-3-1"));
+        let job = task_job(&d, &parts, extra);
+        km0(&["--parallelism", "2", "--stop-with-savepoint-after", "5000"], &job);
+        let sp = newest_savepoint(&d);
+        km0(&["--parallelism", "3", "--stop-with-savepoint-after", "7000", "--from-savepoint", sp.to_str().unwrap()], &job);
+        let sp2 = newest_savepoint(&d);
+        assert_ne!(sp, sp2);
+        km0(&["--parallelism", "1", "--from-savepoint", sp2.to_str().unwrap()], &job);
+        assert_same(&task_outputs(&d), &want, &format!("{backend}: savepoints at 2 and 3, resumed at 1"));
+    }
+}
+
+#[test]
+fn a_savepoint_of_one_task_and_one_of_several_are_not_mixed_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 20_000, 3);
+    let d = dir.path().join("tasks");
+    let job = task_job(&d, &parts, "");
+    km0(&["--stop-with-savepoint-after", "1000"], &job);
+    let tasks_sp = newest_savepoint(&d);
+
+    // The same job with the job's watermark: one task.
+    let one = dir.path().join("one");
+    std::fs::create_dir_all(&one).unwrap();
+    let mut j = StockJob::new("2m", THRESHOLD);
+    let paths: Vec<String> = parts.iter().map(|p| format!("{:?}", p.display().to_string())).collect();
+    j.source = format!("kind = \"file\"\npaths = [{}]", paths.join(", "));
+    let one_job = j.write(&one);
+    let run = |job: &Path, args: &[&str]| {
+        let out =
+            Command::new(km0_bin()).arg("run").arg(job).args(["--http", "off"]).args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, err) = run(&one_job, &["--parallelism", "2"]);
+    assert!(!ok && err.contains("needs `[event_time] watermark = \"per-partition\"`"), "{err}");
+    let (ok, err) = run(&one_job, &["--from-savepoint", tasks_sp.to_str().unwrap()]);
+    assert!(!ok && err.contains("holds the savepoints of several tasks"), "{err}");
+    let (ok, _) = run(&one_job, &["--stop-with-savepoint-after", "1000"]);
+    assert!(ok);
+    let mut sps: Vec<PathBuf> =
+        std::fs::read_dir(one.join("out/savepoints")).unwrap().map(|e| e.unwrap().path()).collect();
+    sps.sort();
+    let (ok, err) = run(&job, &["--from-savepoint", sps[0].to_str().unwrap()]);
+    assert!(!ok && err.contains("ran as one task"), "{err}");
+}
+
+/// Appends each partition's lines to its live file, a chunk at a time.
+fn produce(parts: &[PathBuf], live: &[PathBuf]) -> std::thread::JoinHandle<()> {
+    let texts: Vec<Vec<String>> = parts
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap().lines().map(str::to_string).collect())
+        .collect();
+    let live = live.to_vec();
+    std::thread::spawn(move || {
+        let mut files: Vec<std::fs::File> =
+            live.iter().map(|l| std::fs::OpenOptions::new().append(true).open(l).unwrap()).collect();
+        let mut at = vec![0; texts.len()];
+        while at.iter().zip(&texts).any(|(a, t)| *a < t.len()) {
+            for (p, t) in texts.iter().enumerate() {
+                let end = (at[p] + 250).min(t.len());
+                let mut buf = String::new();
+                for l in &t[at[p]..end] {
+                    buf.push_str(l);
+                    buf.push('\n');
+                }
+                files[p].write_all(buf.as_bytes()).unwrap();
+                at[p] = end;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    })
+}
+
+#[test]
+fn sigkills_at_parallelism_2_recover_every_task_to_the_uninterrupted_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 120_000, 13);
+    let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.path().join(format!("live-{i}.jsonl"))).collect();
+    for l in &live {
+        std::fs::File::create(l).unwrap();
+    }
+    let producer = produce(&parts, &live);
+    let d = dir.path().join("killed");
+    let job = task_job(&d, &live, "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3");
+    let newest = || -> u64 {
+        (0..PARTITIONS)
+            .filter_map(|t| std::fs::read_dir(d.join(format!("chk/task-{t}"))).ok())
+            .flat_map(|r| {
+                r.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
+            })
+            .sum()
+    };
+    let started = Instant::now();
+    let mut lcg = 20261205u64;
+    for kill in 0..8 {
+        let before = newest();
+        let mut child = Command::new(km0_bin())
+            .arg("run")
+            .arg(&job)
+            .args(["--follow", "--parallelism", "2", "--http", "off", "--quiet"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        while newest() <= before {
+            assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint in run {kill}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        lcg = lcg.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        std::thread::sleep(Duration::from_millis((lcg >> 33) % 150));
+        assert!(child.try_wait().unwrap().is_none(), "a followed run keeps running until killed");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    producer.join().unwrap();
+    // The inputs are complete: one last run recovers every task and reads to the end.
+    let err = km0(&["--parallelism", "2"], &job);
+    assert!(err.contains("recovered from checkpoint chk-"), "{err}");
+
+    let whole = dir.path().join("whole");
+    km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
+    let want = task_outputs(&whole);
+    assert!(want[0].lines().count() > 100, "alerts of task 0: {}", want[0].lines().count());
+    assert_same(&task_outputs(&d), &want, "after 8 SIGKILLs");
+}

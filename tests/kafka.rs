@@ -579,3 +579,100 @@ fn a_live_swap_on_a_kafka_source_gives_the_output_of_an_offline_deploy_at_the_sa
     assert!(live.lines().count() > 50 && live.contains("suma_delta"));
     assert!(live == results(off.path()), "the live swap on Kafka differs from the offline deploy");
 }
+
+#[test]
+fn a_four_partition_topic_runs_a_task_per_partition_as_the_files_do_and_misrouted_records_are_dead_lettered()
+{
+    const TOPIC: &str = "tareas.eventos";
+    let broker = Tansu::start();
+    broker.create_topic(TOPIC, 4);
+    // The stream by a hash of producto over 4 partitions, keyed by producto.
+    let spec =
+        km0::generate::StockStream { events: 40_000, seed: 21, late_fraction: 0.004, ..Default::default() };
+    let mut buf = Vec::new();
+    km0::generate::stock_stream(&spec, &mut buf).unwrap();
+    let mut parts: Vec<Vec<String>> = vec![Vec::new(); 4];
+    let mut records = Vec::new();
+    for line in String::from_utf8(buf).unwrap().lines() {
+        let producto =
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["producto"].as_str().map(String::from);
+        let p =
+            producto.as_deref().map_or(0, |k| k.bytes().fold(0u32, |h, b| h.wrapping_mul(31) + b as u32) % 4);
+        parts[p as usize].push(line.to_string());
+        records.push((p as i32, producto, line.as_bytes().to_vec()));
+    }
+    // Two records whose message key is not their producto, and one with none: each task
+    // owns the keys of its partition, so these are dead letters (not in the file run).
+    let stray = r#"{"tipo":"stock.actualizado","producto":"arroz-bomba","mercado":"lleida","stock_actual":1,"delta":-1,"fecha_ms":1757836900000}"#;
+    records.push((1, Some("otro".into()), stray.as_bytes().to_vec()));
+    records.push((2, Some("arroz".into()), stray.as_bytes().to_vec()));
+    records.push((3, None, stray.as_bytes().to_vec()));
+    broker.produce(TOPIC, &records);
+
+    let source = |group: &str| {
+        format!(
+            "kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{TOPIC}\"\ngroup = \"{group}\"\nbounded = true\n\
+             partitioned_by = [\"producto\"]",
+            broker.brokers
+        )
+    };
+    let tasks = |dir: &Path, source: &str| {
+        let job = StockJob {
+            source: source.into(),
+            event_time: "watermark = \"per-partition\"".into(),
+            ..StockJob::new("2m", 10)
+        };
+        km0::pipeline::Pipeline::load(&job.write(dir)).unwrap()
+    };
+    let outputs = |dir: &Path, f: &str| -> Vec<String> {
+        (0..4)
+            .map(|t| std::fs::read_to_string(dir.join(format!("out/{f}-task-{t}.jsonl"))).unwrap_or_default())
+            .collect()
+    };
+    let runtime = PluginRuntime::new().unwrap();
+
+    // The same partitions as files: a task per file.
+    let files = tempfile::tempdir().unwrap();
+    let mut paths = Vec::new();
+    for (p, lines) in parts.iter().enumerate() {
+        let path = files.path().join(format!("part-{p}.jsonl"));
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        paths.push(format!("{:?}", path.display().to_string()));
+    }
+    let file_source =
+        format!("kind = \"file\"\npaths = [{}]\npartitioned_by = [\"producto\"]", paths.join(", "));
+    job::run(&tasks(files.path(), &file_source), &RunOptions::default(), &runtime).unwrap();
+    let want = outputs(files.path(), "alertas");
+    assert!(
+        want.iter().all(|w| w.lines().count() > 20),
+        "alerts per task: {:?}",
+        want.iter().map(|w| w.lines().count()).collect::<Vec<_>>()
+    );
+
+    for (n, group) in [(2, "km0-tasks-2"), (1, "km0-tasks-1")] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = RunOptions { parallelism: Some(n), ..Default::default() };
+        let s = job::run(&tasks(dir.path(), &source(group)), &opts, &runtime).unwrap();
+        assert_eq!(s.counters.read, records.len() as u64);
+        assert_eq!(s.counters.dead_lettered, 3, "parallelism {n}");
+        let got = outputs(dir.path(), "alertas");
+        for t in 0..4 {
+            assert!(got[t] == want[t], "parallelism {n}: task {t} differs from the file task");
+        }
+        let dead: Vec<serde_json::Value> =
+            outputs(dir.path(), "dead-letter").iter().flat_map(|t| t.lines().map(json)).collect();
+        let reasons: Vec<&str> = dead.iter().map(|d| d["reason"].as_str().unwrap()).collect();
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("message key \"otro\" is not its `source.partitioned_by` fields")),
+            "{reasons:?}"
+        );
+        assert!(reasons.iter().any(|r| r.contains("no message key")), "{reasons:?}");
+    }
+}
+
+fn json(line: &str) -> serde_json::Value {
+    serde_json::from_str(line).unwrap()
+}

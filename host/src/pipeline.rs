@@ -949,6 +949,9 @@ fn tasks_spec(
              whole keys"
         ));
     }
+    if partitioned_by.len() > 8 {
+        return Err("`source.partitioned_by` takes at most 8 fields".into());
+    }
     if parallelism == Some(0) {
         return Err("`job.parallelism` must be at least 1".into());
     }

@@ -75,6 +75,28 @@ pub(super) struct Job {
     pub(super) recent: std::collections::VecDeque<super::commands::SideRecord>,
     /// Times the source was paused for a sink that was behind, and for how long.
     pub(super) backpressure: (u64, Duration),
+    /// A task's check that its records' key fields are their message key (Kafka, with
+    /// `source.partitioned_by`): a record whose key was sent to another partition would
+    /// split its key's windows between tasks.
+    pub(super) confined: Option<Confined>,
+}
+
+/// The leading key fields a task's records must carry as their message key.
+pub(super) struct Confined {
+    pub(super) names: Vec<String>,
+    pub(super) key: crate::source::kafka::MessageKey,
+}
+
+impl Confined {
+    /// Why the record keyed `key_buf` is not in its partition, if it is not.
+    fn disagrees(&self, key_buf: &[u8]) -> Option<String> {
+        let mut fields: [&[u8]; 8] = [&[]; 8];
+        let n = self.names.len().min(fields.len());
+        for (slot, f) in fields.iter_mut().zip(crate::state::raw_fields_of(key_buf)).take(n) {
+            *slot = f;
+        }
+        self.key.disagrees(&fields[..n], &self.names)
+    }
 }
 
 /// One side-output line (a dead letter, a late event): a JSON object written field by
@@ -243,6 +265,7 @@ impl Job {
             components: vec![None; pipeline.aggregations.len()],
             recent: Default::default(),
             backpressure: (0, Duration::ZERO),
+            confined: None,
         })
     }
 
@@ -418,6 +441,9 @@ impl Job {
             }
             Err(Reject::Dead(reason)) => return self.dead_letter(&reason, record, pos),
         };
+        if let Some(why) = self.confined.as_ref().and_then(|c| c.disagrees(&self.key_buf)) {
+            return self.dead_letter(&why, record, pos);
+        }
         // Each aggregation checks the fields its plugin reads: a record one of them cannot
         // take is dead-lettered for that one (naming it), and the others take it.
         let mut refused: Vec<(usize, String)> = Vec::new();

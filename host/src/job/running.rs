@@ -98,6 +98,15 @@ impl<'p> RunningJob<'p> {
             opts.follow,
             restore.as_ref().map(|meta| &meta.source),
         )?;
+        let mut source = source;
+        // A task of a Kafka job checks that its records are keyed as it owns them.
+        if let (Some(_), false, Source::Kafka(k)) =
+            (&pipeline.task, pipeline.partitioned_by.is_empty(), &mut source)
+        {
+            let key = crate::source::kafka::MessageKey::default();
+            k.keep_message_keys(key.clone());
+            job.confined = Some(super::route::Confined { names: pipeline.partitioned_by.clone(), key });
+        }
         let checkpoints = open_checkpoints(pipeline, &mut job)?;
         place_partitions(pipeline, &mut job, &source, restore.is_some());
         // Sinks are opened only once everything above has been checked.

@@ -77,7 +77,12 @@ impl Fetched {
     /// The next record: its error code and offset, its payload (none for an error) in
     /// `buf`. When none is left, takes what the queue holds, else waits up to `wait` for
     /// one record; None when nothing came.
-    fn take(&mut self, wait: Duration, buf: &mut Vec<u8>) -> Option<(rdsys::rd_kafka_resp_err_t, i64)> {
+    fn take(
+        &mut self,
+        wait: Duration,
+        buf: &mut Vec<u8>,
+        key: Option<&MessageKey>,
+    ) -> Option<(rdsys::rd_kafka_resp_err_t, i64)> {
         if self.next == self.msgs.len() {
             self.next = 0;
             if self.fill(0, FETCH_BATCH) == 0
@@ -96,6 +101,11 @@ impl Fetched {
             buf.clear();
             if msg.err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !msg.payload.is_null() {
                 buf.extend_from_slice(std::slice::from_raw_parts(msg.payload as *const u8, msg.len));
+            }
+            if let Some(k) = key {
+                let bytes = (!msg.key.is_null())
+                    .then(|| std::slice::from_raw_parts(msg.key as *const u8, msg.key_len));
+                k.set(bytes);
             }
             rdsys::rd_kafka_message_destroy(m);
             Some(taken)
@@ -178,6 +188,49 @@ pub struct KafkaSource {
     /// [`SERVICE_EVERY`].
     unserviced: u32,
     paused: bool,
+    /// Where each record's message key goes, for a job that checks it.
+    message_key: Option<MessageKey>,
+}
+
+/// The message key of the record the source handed out last (Kafka), for a job whose
+/// tasks own the keys of their partition: it checks that the record's key fields are its
+/// message key.
+#[derive(Clone, Default)]
+pub struct MessageKey(Arc<std::sync::Mutex<Option<Vec<u8>>>>);
+
+impl MessageKey {
+    fn set(&self, key: Option<&[u8]>) {
+        if let Ok(mut k) = self.0.lock() {
+            match (key, k.as_mut()) {
+                (Some(new), Some(old)) => {
+                    old.clear();
+                    old.extend_from_slice(new);
+                }
+                (new, _) => *k = new.map(<[u8]>::to_vec),
+            }
+        }
+    }
+
+    /// Why the record's key fields (`fields`, the leading ones of the job's key) are not
+    /// its message key (fields joined by `|`), if they are not.
+    pub fn disagrees(&self, fields: &[&[u8]], names: &[String]) -> Option<String> {
+        let k = self.0.lock().ok()?;
+        let Some(key) = k.as_deref() else {
+            return Some(format!(
+                "it has no message key: the job's tasks own keys by partition, and `source.partitioned_by` {names:?} \
+                 needs the records keyed by those fields"
+            ));
+        };
+        let joined = fields.join(&b'|');
+        (joined != key).then(|| {
+            format!(
+                "its message key {:?} is not its `source.partitioned_by` fields {names:?} ({:?}): it may be in \
+                 another partition than the rest of its key's records",
+                String::from_utf8_lossy(key),
+                String::from_utf8_lossy(&joined)
+            )
+        })
+    }
 }
 
 fn kafka_error(brokers: &str, what: impl std::fmt::Display, e: KafkaError) -> Error {
@@ -348,6 +401,7 @@ impl KafkaSource {
             last_service: Instant::now(),
             unserviced: 0,
             paused: false,
+            message_key: None,
         })
     }
 
@@ -363,6 +417,11 @@ impl KafkaSource {
     /// `topic/partition`.
     pub fn partition_name(&self, p: u32) -> String {
         self.parts[p as usize].name.clone()
+    }
+
+    /// Keep each record's message key in `key` (see [`MessageKey`]).
+    pub fn keep_message_keys(&mut self, key: MessageKey) {
+        self.message_key = Some(key);
     }
 
     /// Partitions that reached their stop offset since the last call (bounded runs).
@@ -482,7 +541,7 @@ impl KafkaSource {
             loop {
                 let part = &mut self.parts[p];
                 let wait = if part.at_end || self.paused { Duration::ZERO } else { WAIT };
-                let got = match part.fetched.take(wait, &mut self.buf) {
+                let got = match part.fetched.take(wait, &mut self.buf, self.message_key.as_ref()) {
                     Some((RdKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR, offset)) => Ok(offset),
                     Some((RdKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF, _)) => {
                         Err(KafkaError::PartitionEOF(part.id))

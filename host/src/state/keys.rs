@@ -463,6 +463,11 @@ pub fn fields_of(encoded: &[u8]) -> KeyFields<'_> {
     KeyFields { rest: encoded }
 }
 
+/// The fields of an encoded key, as bytes.
+pub fn raw_fields_of(encoded: &[u8]) -> RawKeyFields<'_> {
+    RawKeyFields { rest: encoded }
+}
+
 /// How many fields an encoded key has (None if it is malformed).
 pub fn arity_of(encoded: &[u8]) -> Option<usize> {
     let mut rest = encoded;

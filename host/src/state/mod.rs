@@ -18,8 +18,8 @@ pub use key_hash::short_eq;
 use keys::bytes_of;
 pub(crate) use keys::{append, Span};
 pub use keys::{
-    arity_of, fields_of, push_key_field, utf8_field, valid_key, KeyFields, KeySnapshot, KeyTable,
-    RawKeyFields,
+    arity_of, fields_of, push_key_field, raw_fields_of, utf8_field, valid_key, KeyFields, KeySnapshot,
+    KeyTable, RawKeyFields,
 };
 use slab::SlabSnapshot;
 use slots::Entry;

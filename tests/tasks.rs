@@ -51,8 +51,16 @@ fn partitioned(dir: &Path, events: u64, seed: u64) -> Vec<PathBuf> {
 
 /// The stock job over `parts`, a task per file, written into `dir` (outputs in `dir/out`).
 fn task_job(dir: &Path, parts: &[PathBuf], extra: &str) -> PathBuf {
+    task_job_into(dir, parts, extra, None)
+}
+
+/// [`task_job`] with another result sink.
+fn task_job_into(dir: &Path, parts: &[PathBuf], extra: &str, sink: Option<&str>) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let mut job = StockJob::new("2m", THRESHOLD);
+    if let Some(sink) = sink {
+        job.sink = sink.into();
+    }
     let paths: Vec<String> = parts.iter().map(|p| format!("{:?}", p.display().to_string())).collect();
     job.source = format!("kind = \"file\"\npaths = [{}]\npartitioned_by = [\"producto\"]", paths.join(", "));
     job.event_time = "watermark = \"per-partition\"".into();
@@ -253,17 +261,18 @@ fn produce(parts: &[PathBuf], live: &[PathBuf]) -> std::thread::JoinHandle<()> {
     })
 }
 
-#[test]
-fn sigkills_at_parallelism_2_recover_every_task_to_the_uninterrupted_output() {
-    let dir = tempfile::tempdir().unwrap();
-    let parts = partitioned(dir.path(), 120_000, 13);
-    let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.path().join(format!("live-{i}.jsonl"))).collect();
+/// Run the followed job over files that grow (`parts` appended to `live` files) at
+/// parallelism 2, SIGKILLed 8 times, each time at a random point after one of its tasks
+/// completed a checkpoint; then once more to the end of the (complete) input. Returns the
+/// live files.
+fn run_with_sigkills(dir: &Path, parts: &[PathBuf], sink: Option<&str>) -> Vec<PathBuf> {
+    let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.join(format!("live-{i}.jsonl"))).collect();
     for l in &live {
         std::fs::File::create(l).unwrap();
     }
-    let producer = produce(&parts, &live);
-    let d = dir.path().join("killed");
-    let job = task_job(&d, &live, "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3");
+    let producer = produce(parts, &live);
+    let d = dir.join("killed");
+    let job = task_job_into(&d, &live, "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3", sink);
     let newest = || -> u64 {
         (0..PARTITIONS)
             .filter_map(|t| std::fs::read_dir(d.join(format!("chk/task-{t}"))).ok())
@@ -281,11 +290,14 @@ fn sigkills_at_parallelism_2_recover_every_task_to_the_uninterrupted_output() {
             .arg(&job)
             .args(["--follow", "--parallelism", "2", "--http", "off", "--quiet"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("stderr.txt")).unwrap())
             .spawn()
             .unwrap();
         while newest() <= before {
-            assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint in run {kill}");
+            if child.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(120) {
+                let err = std::fs::read_to_string(dir.join("stderr.txt")).unwrap_or_default();
+                panic!("no checkpoint in run {kill}: {err}");
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         lcg = lcg.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -298,10 +310,47 @@ fn sigkills_at_parallelism_2_recover_every_task_to_the_uninterrupted_output() {
     // The inputs are complete: one last run recovers every task and reads to the end.
     let err = km0(&["--parallelism", "2"], &job);
     assert!(err.contains("recovered from checkpoint chk-"), "{err}");
+    live
+}
 
+#[test]
+fn sigkills_at_parallelism_2_recover_every_task_to_the_uninterrupted_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 120_000, 13);
+    let live = run_with_sigkills(dir.path(), &parts, None);
     let whole = dir.path().join("whole");
     km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
     let want = task_outputs(&whole);
     assert!(want[0].lines().count() > 100, "alerts of task 0: {}", want[0].lines().count());
-    assert_same(&task_outputs(&d), &want, "after 8 SIGKILLs");
+    assert_same(&task_outputs(&dir.path().join("killed")), &want, "after 8 SIGKILLs");
+}
+
+#[test]
+fn sigkills_at_parallelism_2_leave_postgres_with_every_result_once() {
+    let pg = km0_e2e::services::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 80_000, 17);
+    let sink = format!("kind = \"postgres\"\nurl = \"{}\"\ntable = \"alertas\"", pg.url());
+    let live = run_with_sigkills(dir.path(), &parts, Some(&sink));
+    let whole = dir.path().join("whole");
+    km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
+    let mut want = std::collections::BTreeMap::new();
+    for t in 0..PARTITIONS {
+        want.extend(keyed_view(&whole.join(format!("out/alertas-task-{t}.jsonl"))));
+    }
+    let got: std::collections::BTreeMap<String, serde_json::Value> = pg
+        .query("SELECT key, value::text FROM alertas ORDER BY key")
+        .iter()
+        .map(|r| (r[0].clone(), serde_json::from_str(&r[1]).unwrap()))
+        .collect();
+    assert!(want.len() > 500, "alerts: {}", want.len());
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the table differs from the uninterrupted run");
+    // Progress is kept per task.
+    let jobs = pg.query("SELECT DISTINCT job FROM km0_sink_epochs ORDER BY job");
+    let jobs: Vec<&str> = jobs.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(
+        jobs,
+        ["stock-alert/task-0", "stock-alert/task-1", "stock-alert/task-2", "stock-alert/task-3"]
+    );
 }

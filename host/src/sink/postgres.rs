@@ -64,6 +64,9 @@ struct Progress {
     fingerprint: Option<String>,
 }
 
+/// The advisory lock that table creation holds (any number: km0's own).
+const CREATE_LOCK: i64 = 0x6b6d_3020_7462_6c73;
+
 pub struct PostgresSink {
     rt: tokio::runtime::Runtime,
     client: Client,
@@ -96,8 +99,12 @@ impl PostgresSink {
                 }
             });
             client
+                // Tasks of a job (and processes) open their sinks at once: `IF NOT EXISTS`
+                // races in PostgreSQL, so the creation holds a lock of km0's own.
                 .batch_execute(&format!(
-                    "CREATE TABLE IF NOT EXISTS {table} (
+                    "BEGIN;
+                     SELECT pg_advisory_xact_lock({CREATE_LOCK});
+                     CREATE TABLE IF NOT EXISTS {table} (
                          key TEXT PRIMARY KEY, value JSONB NOT NULL, epoch BIGINT NOT NULL,
                          updated_at TIMESTAMPTZ NOT NULL DEFAULT now());
                      CREATE TABLE IF NOT EXISTS km0_sink_epochs (
@@ -107,10 +114,11 @@ impl PostgresSink {
                          PRIMARY KEY (job, sink_table, epoch));
                      ALTER TABLE km0_sink_epochs ADD COLUMN IF NOT EXISTS checkpoint_id TEXT,
                          ADD COLUMN IF NOT EXISTS parent_id TEXT,
-                         ADD COLUMN IF NOT EXISTS fingerprint TEXT;"
+                         ADD COLUMN IF NOT EXISTS fingerprint TEXT;
+                     COMMIT;"
                 ))
                 .await
-                .map_err(|e| err(format!("create the tables: {e}")))?;
+                .map_err(|e| err(format!("create the tables: {}", db_message(&e))))?;
             Ok::<_, Error>(client)
         })?;
         let mut sink = PostgresSink {
@@ -223,7 +231,7 @@ impl PostgresSink {
                  WHERE job = $1 AND sink_table = $2 ORDER BY epoch DESC LIMIT 1",
                 &[&self.job, &self.table],
             ))
-            .map_err(|e| self.err(format!("read progress: {e}")))?;
+            .map_err(|e| self.err(format!("read progress: {}", db_message(&e))))?;
         let Some(r) = row else { return Ok(None) };
         let col = |e: tokio_postgres::Error| self.err(format!("km0_sink_epochs: {e}"));
         Ok(Some(Progress {
@@ -243,7 +251,7 @@ impl PostgresSink {
                 "SELECT epoch FROM km0_sink_epochs WHERE job = $1 AND sink_table = $2 AND checkpoint_id = $3",
                 &[&self.job, &self.table, &snapshot],
             ))
-            .map_err(|e| self.err(format!("read progress: {e}")))?;
+            .map_err(|e| self.err(format!("read progress: {}", db_message(&e))))?;
         row.map(|r| r.try_get(0)).transpose().map_err(|e| self.err(format!("km0_sink_epochs.epoch: {e}")))
     }
 

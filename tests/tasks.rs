@@ -354,3 +354,97 @@ fn sigkills_at_parallelism_2_leave_postgres_with_every_result_once() {
         ["stock-alert/task-0", "stock-alert/task-1", "stock-alert/task-2", "stock-alert/task-3"]
     );
 }
+
+#[test]
+fn a_live_swap_at_parallelism_2_gives_the_output_of_an_offline_deploy_at_the_same_task_positions() {
+    const FIRST: usize = 6_000;
+    const TOKEN: &str = "t4sks";
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 60_000, 23);
+    let lines: Vec<Vec<String>> = parts
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap().lines().map(|l| format!("{l}\n")).collect())
+        .collect();
+    let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.path().join(format!("live-{i}.jsonl"))).collect();
+    for (l, text) in live.iter().zip(&lines) {
+        std::fs::write(l, text[..FIRST].concat()).unwrap();
+    }
+    let extra = "[checkpoints]\ndir = \"chk\"\ninterval = \"300ms\"";
+    let d = dir.path().join("live");
+    let job = task_job(&d, &live, extra);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = Command::new(km0_bin())
+        .arg("run")
+        .arg(&job)
+        .args(["--follow", "--parallelism", "2", "--http", &format!("127.0.0.1:{port}")])
+        .env("KM0_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = || -> serde_json::Value {
+        km0::control::client::call(&url, "GET", "/api/v1/job", None)
+            .ok()
+            .filter(|(code, _)| *code == 200)
+            .and_then(|(_, body)| serde_json::from_str(&body).ok())
+            .unwrap_or_default()
+    };
+    let wait_read = |n: usize| {
+        let t = Instant::now();
+        while status()["counters"]["read"] != n as u64 {
+            assert!(t.elapsed() < Duration::from_secs(60), "the job reads {n} records: {}", status());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_read(PARTITIONS * FIRST);
+    let s = status();
+    assert_eq!(s["tasks"].as_array().map(Vec::len), Some(PARTITIONS), "{s}");
+    assert_eq!(s["tasks"][1]["read"], FIRST as u64, "{s}");
+
+    let out = Command::new(km0_bin())
+        .args(["deploy", plugin("min-stock-v2").to_str().unwrap(), "--job", &url, "--json"])
+        .env("KM0_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let deployed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(deployed["status"], "swapped", "{deployed}");
+    assert_eq!(deployed["at_record"], (PARTITIONS * FIRST) as u64, "{deployed}");
+    let rollback = PathBuf::from(deployed["savepoint"].as_str().unwrap());
+    assert!(rollback.join("tasks.json").is_file() && rollback.join("task-3/savepoint.json").is_file());
+    assert_eq!(status()["aggregations"][0]["plugin_version"], "0.2.0");
+
+    for (l, text) in live.iter().zip(&lines) {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(l)
+            .unwrap()
+            .write_all(text[FIRST..].concat().as_bytes())
+            .unwrap();
+    }
+    wait_read(lines.iter().map(Vec::len).sum());
+    let (code, body) =
+        km0::control::client::call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Offline: stop every task after the same records, deploy from that job savepoint.
+    let off = dir.path().join("off");
+    let off_job = task_job(&off, &live, extra);
+    km0(&["--parallelism", "2", "--stop-with-savepoint-after", &FIRST.to_string()], &off_job);
+    let sp = newest_savepoint(&off);
+    let out = Command::new(km0_bin())
+        .args(["deploy", plugin("min-stock-v2").to_str().unwrap(), "--from-savepoint", sp.to_str().unwrap()])
+        .arg("--pipeline")
+        .arg(&off_job)
+        .args(["--http", "off", "--parallelism", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got = task_outputs(&d);
+    assert!(got[0].lines().next().is_some_and(|l| !l.contains("suma_delta")));
+    assert!(got[0].lines().last().is_some_and(|l| l.contains("suma_delta")));
+    assert_same(&got, &task_outputs(&off), "live swap against offline deploy");
+}

@@ -313,3 +313,42 @@ pub fn delivery_stream(spec: &DeliveryStream, out: &mut impl Write) -> io::Resul
     w.flush()?;
     Ok(evs.len() as u64)
 }
+
+/// Split JSON lines into `parts` files in `dir` by a hash (FNV-1a) of `field`'s value, as a
+/// producer keyed by that field would: each value's records in one file, in order. Lines
+/// without the field go by their number.
+pub fn split_by_field(
+    input: &std::path::Path,
+    field: &str,
+    parts: usize,
+    dir: &std::path::Path,
+) -> io::Result<Vec<std::path::PathBuf>> {
+    use std::io::BufRead;
+    let paths: Vec<std::path::PathBuf> = (0..parts).map(|i| dir.join(format!("part-{i}.jsonl"))).collect();
+    let mut outs = paths
+        .iter()
+        .map(|p| std::fs::File::create(p).map(io::BufWriter::new))
+        .collect::<io::Result<Vec<_>>>()?;
+    for (i, line) in io::BufReader::new(std::fs::File::open(input)?).lines().enumerate() {
+        let line = line?;
+        let value = serde_json::from_str::<serde_json::Value>(&line).ok().and_then(|v| match &v[field] {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        });
+        let p = match value {
+            Some(v) => v
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+                as usize,
+            None => i,
+        };
+        let out = &mut outs[p % parts.max(1)];
+        out.write_all(line.as_bytes())?;
+        out.write_all(b"\n")?;
+    }
+    for mut o in outs {
+        o.flush()?;
+    }
+    Ok(paths)
+}

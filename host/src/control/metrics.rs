@@ -172,6 +172,32 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         status.lag.iter().map(|l| (vec![("partition", l.partition.as_str())], l.lag as f64)).collect();
     m.gauges("consumer_lag_records", "Records in the log not yet read, per Kafka partition", None, &lag);
 
+    // A job whose partitions are tasks: each task's clock, records and windows.
+    let per_task =
+        |f: fn(&crate::job::commands::TaskStatus) -> Option<f64>| -> Vec<(Vec<(&str, &str)>, f64)> {
+            status.tasks.iter().filter_map(|t| Some((vec![("task", t.task.as_str())], f(t)?))).collect()
+        };
+    m.gauges(
+        "task_watermark",
+        "Each task's watermark (its partition's clock), seconds since the epoch",
+        Some(Unit::Seconds),
+        &per_task(|t| seconds(t.watermark)),
+    );
+    m.gauges("task_records_read", "Records each task has read", None, &per_task(|t| Some(t.read as f64)));
+    m.gauges(
+        "task_open_windows",
+        "Open window slots per task",
+        None,
+        &per_task(|t| Some(t.open_windows as f64)),
+    );
+    m.gauges(
+        "task_consumer_lag_records",
+        "Records in its Kafka partition each task has not read yet",
+        None,
+        &per_task(|t| t.lag.map(|l| l as f64)),
+    );
+    m.gauges("task_thread", "The thread that runs each task", None, &per_task(|t| Some(t.thread as f64)));
+
     let per_aggregation =
         |f: fn(&crate::job::commands::AggregationStatus) -> f64| -> Vec<(Vec<(&str, &str)>, f64)> {
             status.aggregations.iter().map(|a| (vec![("aggregation", a.name.as_str())], f(a))).collect()

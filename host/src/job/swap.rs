@@ -117,6 +117,30 @@ impl Deployer {
         }
         Ok(Deployment { plugins, component, prepare: t.elapsed() })
     }
+
+    /// The same deployment for another task of the job: its own plugin instances, the
+    /// component stored with its checkpoints (`checkpoints`).
+    pub fn again(
+        &self,
+        d: &Deployment,
+        checkpoints: Option<&Path>,
+    ) -> std::result::Result<Deployment, Refused> {
+        let t = Instant::now();
+        let label = format!("uploaded component {}", &d.component.sha256[..12]);
+        let mut plugins = Vec::with_capacity(d.plugins.len());
+        for (i, _) in &d.plugins {
+            let a = &self.pipeline.aggregations[*i];
+            let p = self
+                .runtime
+                .load_bytes(&label, &d.component.bytes, &a.plugin.config, a.plugin.limits)
+                .map_err(|e| Refusal::Configure { aggregation: a.name.clone(), source: Box::new(e) })?;
+            plugins.push((*i, p));
+        }
+        if let Some(dir) = checkpoints {
+            d.component.put(dir).map_err(|e| Refused::Failed(e.to_string()))?;
+        }
+        Ok(Deployment { plugins, component: d.component.clone(), prepare: t.elapsed() })
+    }
 }
 
 /// A swap done.

@@ -12,7 +12,7 @@
 //! ([`Pipeline::instance_name`]), checkpoints and RocksDB's working state go to a
 //! subfolder per task.
 
-use super::commands::{Command, ControlHandle, JobState, JobStatus, Refused, StopMode, TaskStatus};
+use super::commands::{Command, ControlHandle, Deployed, JobState, JobStatus, Refused, StopMode, TaskStatus};
 use super::running::{savepoint_path, RunningJob, Step};
 use super::*;
 use crate::checkpoint::savepoint::TaskEntry;
@@ -176,8 +176,15 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
             .iter()
             .zip(&task_opts)
             .enumerate()
-            .map(|(i, (t, o))| (t.name.clone(), t.partition.clone(), i % threads, o.control.clone()))
-            .filter_map(|(n, p, th, h)| h.map(|h| (n, p, th, h)))
+            .filter_map(|(i, (t, o))| {
+                Some(TaskPort {
+                    name: t.name.clone(),
+                    partition: t.partition.clone(),
+                    thread: i % threads,
+                    handle: o.control.clone()?,
+                    checkpoints: t.pipeline.checkpoints.as_ref().map(|c| c.dir.clone()),
+                })
+            })
             .collect(),
         pipeline: pipeline.name.clone(),
         sp_dir: sp_dir.clone(),
@@ -249,6 +256,16 @@ struct Driven {
     summaries: Vec<(usize, Summary)>,
     cpu: Duration,
     elapsed: Duration,
+}
+
+/// A task as the control port sees it.
+struct TaskPort {
+    name: String,
+    partition: String,
+    thread: usize,
+    handle: ControlHandle,
+    /// Where its checkpoints go (a deployed component is stored there).
+    checkpoints: Option<PathBuf>,
 }
 
 /// One thread's loop: open its tasks, then step each in turn until all have finished
@@ -376,8 +393,7 @@ fn finish(
 /// their replies joined; the tasks' statuses published as the job's.
 struct Fan {
     outer: ControlHandle,
-    /// Each task's name, partition, thread and port.
-    tasks: Vec<(String, String, usize, ControlHandle)>,
+    tasks: Vec<TaskPort>,
     pipeline: String,
     sp_dir: PathBuf,
     done: AtomicBool,
@@ -392,6 +408,7 @@ impl Fan {
         let t0 = Instant::now();
         let mut samples: std::collections::VecDeque<(i64, u64)> = Default::default();
         let mut savepoints = Vec::new();
+        let mut deployments: Vec<Deployed> = Vec::new();
         while !self.done.load(Ordering::SeqCst) {
             let command = match self.outer.port.commands.lock() {
                 Ok(rx) => rx.recv_timeout(Duration::from_millis(50)).ok(),
@@ -406,12 +423,13 @@ impl Fan {
                     let _ = reply.send(answer);
                 }
                 Some(Command::Stop { mode, reply }) => self.stop(mode, reply),
-                Some(Command::Deploy { reply, .. }) => {
-                    let _ = reply.send(Err(Refused::Closed(
-                        "a live deploy into a job of several tasks is not supported yet: stop it with a savepoint \
-                         (`km0 stop`) and resume with `km0 deploy NEW.wasm --from-savepoint DIR`"
-                            .into(),
-                    )));
+                Some(Command::Deploy { deployment, reply }) => {
+                    let answer = self.deploy(deployment, deployments.len() as u64 + 1);
+                    if let Ok(d) = &answer {
+                        savepoints.extend(d.savepoint.clone());
+                        deployments.push(d.clone());
+                    }
+                    let _ = reply.send(answer);
                 }
                 None => {}
             }
@@ -427,6 +445,7 @@ impl Fan {
             status.throughput = samples.iter().copied().collect();
             status.last_savepoint = savepoints.last().cloned();
             status.savepoints = savepoints.clone();
+            status.deployments = deployments.clone();
             self.outer.publish(status);
         }
     }
@@ -434,31 +453,109 @@ impl Fan {
     /// A savepoint of every task, then one job savepoint of them.
     fn savepoint(&self) -> std::result::Result<PathBuf, Refused> {
         let mut saved = Vec::new();
-        for (name, partition, _, h) in &self.tasks {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let answer = ask(h, Command::Savepoint { reply: tx }, &rx);
-            let entry = TaskEntry { task: name.clone(), partition: partition.clone(), ended: false };
-            match answer {
+        let asked: Vec<_> = self
+            .tasks
+            .iter()
+            .map(|t| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                send(&t.handle, Command::Savepoint { reply: tx });
+                rx
+            })
+            .collect();
+        for (t, rx) in self.tasks.iter().zip(asked) {
+            let entry = TaskEntry { task: t.name.clone(), partition: t.partition.clone(), ended: false };
+            match wait(&t.handle, &rx) {
                 Ok(path) => saved.push((entry, Some(path))),
                 // A task whose bounded input ended has nothing left to save.
-                Err(Refused::Closed(_)) if h.closed.load(Ordering::SeqCst) => {
+                Err(Refused::Closed(_)) if t.handle.closed.load(Ordering::SeqCst) => {
                     saved.push((TaskEntry { ended: true, ..entry }, None))
                 }
                 Err(e) => return Err(e),
             }
         }
-        let read = self.tasks.iter().map(|(.., h)| h.status().counters.read).sum();
+        self.job_savepoint(&saved)
+    }
+
+    /// One job savepoint of the tasks' savepoints (moved into it).
+    fn job_savepoint(&self, saved: &[(TaskEntry, Option<PathBuf>)]) -> std::result::Result<PathBuf, Refused> {
+        let read = self.tasks.iter().map(|t| t.handle.status().counters.read).sum();
         let path = savepoint_path(&self.sp_dir, read);
-        savepoint::write_tasks(&path, &self.pipeline, &saved)
+        savepoint::write_tasks(&path, &self.pipeline, saved)
             .map_err(|e| Refused::Failed(format!("the job savepoint failed: {e}")))?;
         Ok(path)
+    }
+
+    /// A live deploy into every task: each gets its own instances of the new plugin and
+    /// swaps it in at its next record boundary, with its own rollback savepoint; the
+    /// reply, once every task's is durable, has the job savepoint of them (the rollback
+    /// point) and the longest pause.
+    fn deploy(&self, d: super::swap::Deployment, id: u64) -> std::result::Result<Deployed, Refused> {
+        let Some(deployer) = self.outer.deployer.as_ref() else {
+            return Err(Refused::Closed("this job takes no live deploys".into()));
+        };
+        let live: Vec<&TaskPort> =
+            self.tasks.iter().filter(|t| !t.handle.closed.load(Ordering::SeqCst)).collect();
+        let mut each = Vec::with_capacity(live.len());
+        for t in &live {
+            each.push(deployer.again(&d, t.checkpoints.as_deref())?);
+        }
+        let asked: Vec<_> = live
+            .iter()
+            .zip(each)
+            .map(|(t, deployment)| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                send(&t.handle, Command::Deploy { deployment, reply: tx });
+                rx
+            })
+            .collect();
+        let mut swapped: Vec<(&TaskPort, Deployed)> = Vec::new();
+        let mut refused = Vec::new();
+        for (t, rx) in live.iter().zip(asked) {
+            match wait(&t.handle, &rx) {
+                Ok(done) => swapped.push((t, done)),
+                Err(e) => refused.push((t.name.clone(), e)),
+            }
+        }
+        if let Some((name, e)) = refused.into_iter().next() {
+            let others: Vec<&str> = swapped.iter().map(|(t, _)| t.name.as_str()).collect();
+            tracing::error!(task = %name, error = %e, swapped = ?others, "a task refused the deploy");
+            return Err(match (e, others.is_empty()) {
+                (e, true) => e,
+                (e, false) => Refused::Failed(format!(
+                    "task {name} refused the new plugin ({e}) after tasks {others:?} swapped it in: stop the job \
+                     with a savepoint and deploy offline, or deploy the plugin they run now again"
+                )),
+            });
+        }
+        let Some((_, first)) = swapped.first() else {
+            return Err(Refused::Closed("every task has stopped".into()));
+        };
+        let mut job = Deployed { id, prepare_ms: d.prepare.as_secs_f64() * 1e3, ..first.clone() };
+        let rollback: Vec<(TaskEntry, Option<PathBuf>)> = swapped
+            .iter()
+            .map(|(t, s)| {
+                let entry = TaskEntry { task: t.name.clone(), partition: t.partition.clone(), ended: false };
+                (entry, s.savepoint.clone())
+            })
+            .collect();
+        job.at_record = swapped.iter().map(|(_, s)| s.at_record).sum();
+        for (_, s) in &swapped {
+            job.pause_ms = job.pause_ms.max(s.pause_ms);
+            job.savepoint_ms = job.savepoint_ms.max(s.savepoint_ms);
+            job.swap_ms = job.swap_ms.max(s.swap_ms);
+            job.prepare_ms += s.prepare_ms;
+        }
+        job.checkpoint = None;
+        job.savepoint = Some(self.job_savepoint(&rollback)?);
+        Ok(job)
     }
 
     /// A stop sent to every task; answered with the job savepoint once the job finished.
     fn stop(&self, mode: StopMode, reply: super::port::StopReply) {
         let mut answers = Vec::new();
-        for (.., h) in &self.tasks {
+        for t in &self.tasks {
             let (tx, rx) = std::sync::mpsc::channel();
+            let h = &t.handle;
             if !h.closed.load(Ordering::SeqCst) && h.sender.send(Command::Stop { mode, reply: tx }).is_ok() {
                 answers.push(rx);
             }
@@ -474,13 +571,13 @@ impl Fan {
         let mut job = JobStatus { pipeline: self.pipeline.clone(), ..JobStatus::default() };
         let mut first = true;
         let mut states = Vec::new();
-        for (name, partition, thread, h) in &self.tasks {
-            let s = h.status();
+        for t in &self.tasks {
+            let s = t.handle.status();
             states.push(s.state);
             job.tasks.push(TaskStatus {
-                task: name.clone(),
-                partition: partition.clone(),
-                thread: *thread,
+                task: t.name.clone(),
+                partition: t.partition.clone(),
+                thread: t.thread,
                 state: s.state,
                 watermark: s.watermark,
                 read: s.counters.read,
@@ -555,17 +652,20 @@ fn rate(samples: &std::collections::VecDeque<(i64, u64)>) -> f64 {
     (r1.saturating_sub(r0)) as f64 * 1000.0 / (t1 - t0) as f64
 }
 
-/// Send a task a command and wait for its answer (refused once the task has stopped).
-fn ask<T>(
-    h: &ControlHandle,
-    command: Command,
-    rx: &Receiver<std::result::Result<T, Refused>>,
-) -> std::result::Result<T, Refused> {
+/// Send a task a command (refused at once when the task has stopped).
+fn send(h: &ControlHandle, command: Command) {
     if h.closed.load(Ordering::SeqCst) {
         command.refuse("the task has stopped");
-    } else if h.sender.send(command).is_err() {
-        return Err(Refused::Closed("the task has stopped".into()));
+    } else if let Err(std::sync::mpsc::SendError(command)) = h.sender.send(command) {
+        command.refuse("the task has stopped");
     }
+}
+
+/// A task's answer to a command [`send`] sent it (refused once the task has stopped).
+fn wait<T>(
+    h: &ControlHandle,
+    rx: &Receiver<std::result::Result<T, Refused>>,
+) -> std::result::Result<T, Refused> {
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(answer) => return answer,

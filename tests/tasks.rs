@@ -401,6 +401,16 @@ fn a_live_swap_at_parallelism_2_gives_the_output_of_an_offline_deploy_at_the_sam
     let s = status();
     assert_eq!(s["tasks"].as_array().map(Vec::len), Some(PARTITIONS), "{s}");
     assert_eq!(s["tasks"][1]["read"], FIRST as u64, "{s}");
+    assert_eq!(s["tasks"][1]["task"], "task-1", "{s}");
+    assert_eq!(s["tasks"][1]["partition"], live[1].display().to_string(), "{s}");
+    assert_eq!(s["tasks"][1]["thread"], 1, "{s}");
+    assert!(s["tasks"][1]["open_windows"].as_u64().is_some_and(|n| n > 0), "{s}");
+    let metrics = km0::control::client::call(&url, "GET", "/metrics", None).unwrap().1;
+    for t in 0..PARTITIONS {
+        let line = format!("km0_task_records_read{{job=\"stock-alert\",task=\"task-{t}\"}} {FIRST}");
+        assert!(metrics.lines().any(|l| l.starts_with(&line)), "{line} in\n{metrics}");
+    }
+    assert!(metrics.contains("km0_task_watermark_seconds{"), "{metrics}");
 
     let out = Command::new(km0_bin())
         .args(["deploy", plugin("min-stock-v2").to_str().unwrap(), "--job", &url, "--json"])

@@ -973,7 +973,12 @@ fn tasks_spec(
              `source.partition_field` splits one file by value"
                 .into())
         }
-        WatermarkScope::PerPartition => Ok(()),
+        WatermarkScope::PerPartition => match source {
+            SourceSpec::File { paths, .. } if paths.iter().enumerate().any(|(i, p)| paths[..i].contains(p)) => {
+                Err("`source.paths` names a file twice: with `watermark = \"per-partition\"` each file is a task".into())
+            }
+            _ => Ok(()),
+        },
     }
 }
 

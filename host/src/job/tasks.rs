@@ -154,6 +154,18 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     if tasks.is_empty() {
         return Err(Error::Usage(format!("pipeline {:?} has no partition left to run", pipeline.name)));
     }
+    if let Some(c) = &pipeline.checkpoints {
+        let one_task = std::fs::read_dir(&c.dir)
+            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("chk-")))
+            .unwrap_or(false);
+        if one_task {
+            tracing::warn!(
+                dir = %c.dir.display(),
+                "this folder holds checkpoints of the job run as one task: its tasks keep theirs in task-N/ and \
+                 do not recover from those (resume from a savepoint to carry state over)"
+            );
+        }
+    }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let threads = opts.parallelism.or(pipeline.parallelism).unwrap_or(cores).clamp(1, tasks.len());
     let sp_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
@@ -268,6 +280,9 @@ struct TaskPort {
     checkpoints: Option<PathBuf>,
 }
 
+/// Steps a task takes in a row on its thread before the next task's turn.
+const TURN: usize = 16;
+
 /// One thread's loop: open its tasks, then step each in turn until all have finished
 /// (sleeping only when every one of them waits for input). A task that fails stops the
 /// job: every thread leaves its tasks where they are (as a crash would; each recovers
@@ -303,10 +318,18 @@ fn drive(
         let mut k = 0;
         while k < live.len() {
             let (i, job, step) = &mut live[k];
-            let next = match *step {
-                Step::Going | Step::Idle(_) => job.step().map_err(|e| fail(e, &tasks[*i].name))?,
-                done => done,
-            };
+            // A turn is up to TURN steps (of up to 1 024 records each): a task's keys and
+            // windows stay in the caches for a while before the next task's replace them.
+            let mut next = *step;
+            for _ in 0..TURN {
+                if !matches!(next, Step::Going | Step::Idle(_)) {
+                    break;
+                }
+                next = job.step().map_err(|e| fail(e, &tasks[*i].name))?;
+                if next != Step::Going {
+                    break;
+                }
+            }
             match next {
                 Step::Ended | Step::Stopped(_) => {
                     let (i, job, _) = live.remove(k);

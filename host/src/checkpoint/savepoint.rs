@@ -259,6 +259,17 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     f.sync_all().map_err(|e| Error::io("sync", path, e))
 }
 
+/// A savepoint file of this format and version, or the reason it is not.
+fn check_format(dir: &Path, file: &str, format: &str, version: u32) -> Result<()> {
+    if format != FORMAT || version != FORMAT_VERSION {
+        return Err(corrupt(
+            dir,
+            format!("{file}: format {format} v{version} is not {FORMAT} v{FORMAT_VERSION}"),
+        ));
+    }
+    Ok(())
+}
+
 /// The file that makes a folder the savepoint of a job of several tasks.
 pub const TASKS: &str = "tasks.json";
 
@@ -291,12 +302,7 @@ pub fn read_tasks(dir: &Path) -> Result<Option<TasksManifest>> {
     };
     let m: TasksManifest =
         serde_json::from_slice(&bytes).map_err(|e| corrupt(dir, format!("{TASKS}: {e}")))?;
-    if m.format != FORMAT || m.format_version != FORMAT_VERSION {
-        return Err(corrupt(
-            dir,
-            format!("{TASKS}: format {} {} is not this km0's", m.format, m.format_version),
-        ));
-    }
+    check_format(dir, TASKS, &m.format, m.format_version)?;
     for t in &m.tasks {
         let plain =
             !t.task.is_empty() && t.task.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
@@ -367,12 +373,7 @@ pub fn read(dir: &Path) -> Result<Savepoint> {
     }
     let meta: SavepointMeta =
         serde_json::from_slice(&meta_bytes).map_err(|e| corrupt(dir, format!("{META}: {e}")))?;
-    if meta.format != FORMAT || meta.format_version != FORMAT_VERSION {
-        return Err(corrupt(
-            dir,
-            format!("format {} v{} is not {FORMAT} v{FORMAT_VERSION}", meta.format, meta.format_version),
-        ));
-    }
+    check_format(dir, META, &meta.format, meta.format_version)?;
     let mut snapshots = if external {
         let at = dir.join(&meta.state.file);
         crate::state::rocks::load(&at, meta.operators.len())

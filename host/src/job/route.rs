@@ -277,13 +277,7 @@ impl Job {
             ..Counters::default()
         };
         for op in &self.ops {
-            let o = op.counters();
-            c.accepted += o.accepted;
-            c.late += o.late;
-            c.late_updates += o.late_updates;
-            c.windows_fired += o.windows_fired;
-            c.emitted += o.emitted;
-            c.retracted += o.retracted;
+            c.add_events(op.counters());
         }
         c
     }

@@ -37,9 +37,21 @@ impl Counters {
         self.read += o.read;
         self.filtered += o.filtered;
         self.dead_lettered += o.dead_lettered;
+        self.add_events(&OperatorCounters {
+            accepted: o.accepted,
+            late: o.late,
+            late_updates: o.late_updates,
+            windows_fired: o.windows_fired,
+            emitted: o.emitted,
+            retracted: o.retracted,
+        });
+    }
+
+    /// Add what an aggregation did with its events.
+    pub fn add_events(&mut self, o: &OperatorCounters) {
+        self.accepted += o.accepted;
         self.late += o.late;
         self.late_updates += o.late_updates;
-        self.accepted += o.accepted;
         self.windows_fired += o.windows_fired;
         self.emitted += o.emitted;
         self.retracted += o.retracted;

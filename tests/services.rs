@@ -410,3 +410,119 @@ impl Drop for Postgres {
 fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
+
+/// An S3-compatible server on 127.0.0.1: moto's server mode (PyPI `moto[server]`,
+/// installed by `scripts/test.sh`), in memory, with one bucket. Its `env` is what a km0
+/// process needs to reach it (endpoint, plain HTTP, test credentials); the test's own
+/// reads and writes go through a client of its own.
+pub struct S3 {
+    child: Child,
+    pub port: u16,
+    pub bucket: String,
+    client: object_store::aws::AmazonS3,
+    rt: tokio::runtime::Runtime,
+}
+
+impl S3 {
+    pub fn start(bucket: &str) -> S3 {
+        use object_store::ObjectStore;
+        let port = free_port();
+        let child = Command::new("python3")
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m moto.server (scripts/test.sh installs moto[server])");
+        wait_for("the S3 server", Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let client = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&endpoint)
+            .with_allow_http(true)
+            .with_access_key_id("km0-test")
+            .with_secret_access_key("km0-test")
+            .with_region("us-east-1")
+            .with_bucket_name(bucket)
+            .build()
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let s3 = S3 { child, port, bucket: bucket.to_string(), client, rt };
+        // moto creates a bucket on an (unsigned) PUT of its name.
+        let (code, body) = s3.request("PUT", &format!("/{bucket}"));
+        assert_eq!(code, 200, "create bucket {bucket}: {body}");
+        let _ = s3.rt.block_on(s3.client.list_with_delimiter(None)).unwrap();
+        s3
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The environment that points km0's object store client here.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.endpoint()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "km0-test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "km0-test".into()),
+            ("AWS_DEFAULT_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// The keys under `prefix`, sorted.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        use object_store::ObjectStore;
+        let mut out = Vec::new();
+        let mut pending = vec![object_store::path::Path::from(prefix.trim_end_matches('/'))];
+        while let Some(dir) = pending.pop() {
+            let listed = self.rt.block_on(self.client.list_with_delimiter(Some(&dir))).unwrap();
+            pending.extend(listed.common_prefixes);
+            out.extend(listed.objects.into_iter().map(|o| o.location.to_string()));
+        }
+        out.sort();
+        out
+    }
+
+    /// Store `body` at `key`.
+    pub fn put(&self, key: &str, body: &[u8]) {
+        use object_store::ObjectStore;
+        let payload = object_store::PutPayload::from(body.to_vec());
+        self.rt.block_on(self.client.put(&object_store::path::Path::from(key), payload)).unwrap();
+    }
+
+    /// Delete `key`.
+    pub fn delete(&self, key: &str) {
+        use object_store::ObjectStore;
+        self.rt.block_on(self.client.delete(&object_store::path::Path::from(key))).unwrap();
+    }
+
+    /// A plain, unsigned HTTP/1.1 request: status and body.
+    fn request(&self, method: &str, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", self.port)
+            .unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let text = String::from_utf8_lossy(&raw);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (code, body.to_string())
+    }
+
+    /// Stop answering (SIGSTOP) or answer again (SIGCONT).
+    pub fn freeze(&self, frozen: bool) {
+        let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        self.freeze(false);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

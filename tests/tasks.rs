@@ -70,11 +70,17 @@ fn task_job_into(dir: &Path, parts: &[PathBuf], extra: &str, sink: Option<&str>)
 
 /// Run `km0` with `args`; its standard error, the run having succeeded.
 fn km0(args: &[&str], pipeline: &Path) -> String {
+    km0_with(args, pipeline, &[])
+}
+
+/// [`km0`] with more environment variables.
+fn km0_with(args: &[&str], pipeline: &Path, env: &[(&str, String)]) -> String {
     let out = Command::new(km0_bin())
         .arg("run")
         .arg(pipeline)
         .args(["--http", "off", "--quiet"])
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -266,16 +272,38 @@ fn produce(parts: &[PathBuf], live: &[PathBuf]) -> std::thread::JoinHandle<()> {
 /// completed a checkpoint; then once more to the end of the (complete) input. Returns the
 /// live files.
 fn run_with_sigkills(dir: &Path, parts: &[PathBuf], sink: Option<&str>) -> Vec<PathBuf> {
+    run_with_sigkills_into(dir, parts, sink, None)
+}
+
+/// [`run_with_sigkills`] with the checkpoints in the object store `s3` (its URL and the
+/// environment that reaches it); between runs the local state folder (where checkpoints
+/// are written first) is deleted, as if each run were on another machine.
+fn run_with_sigkills_into(
+    dir: &Path,
+    parts: &[PathBuf],
+    sink: Option<&str>,
+    s3: Option<(&str, &[(&str, String)])>,
+) -> Vec<PathBuf> {
     let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.join(format!("live-{i}.jsonl"))).collect();
     for l in &live {
         std::fs::File::create(l).unwrap();
     }
     let producer = produce(parts, &live);
     let d = dir.join("killed");
-    let job = task_job_into(&d, &live, "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3", sink);
+    let chk = match s3 {
+        Some((url, _)) => {
+            format!(
+                "[checkpoints]\ndir = \"{url}\"\ninterval = \"40ms\"\nretain = 3\n[state]\ndir = \"state\""
+            )
+        }
+        None => "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3".to_string(),
+    };
+    let env: Vec<(&str, String)> = s3.map(|(_, e)| e.to_vec()).unwrap_or_default();
+    let job = task_job_into(&d, &live, &chk, sink);
+    let local = if s3.is_some() { "state/checkpoints" } else { "chk" };
     let newest = || -> u64 {
         (0..PARTITIONS)
-            .filter_map(|t| std::fs::read_dir(d.join(format!("chk/task-{t}"))).ok())
+            .filter_map(|t| std::fs::read_dir(d.join(format!("{local}/task-{t}"))).ok())
             .flat_map(|r| {
                 r.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
             })
@@ -284,11 +312,16 @@ fn run_with_sigkills(dir: &Path, parts: &[PathBuf], sink: Option<&str>) -> Vec<P
     let started = Instant::now();
     let mut lcg = 20261205u64;
     for kill in 0..8 {
+        if s3.is_some() {
+            // Another machine: nothing of the last run's local folders.
+            let _ = std::fs::remove_dir_all(d.join("state"));
+        }
         let before = newest();
         let mut child = Command::new(km0_bin())
             .arg("run")
             .arg(&job)
             .args(["--follow", "--parallelism", "2", "--http", "off", "--quiet"])
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("stderr.txt")).unwrap())
             .spawn()
@@ -308,7 +341,10 @@ fn run_with_sigkills(dir: &Path, parts: &[PathBuf], sink: Option<&str>) -> Vec<P
     }
     producer.join().unwrap();
     // The inputs are complete: one last run recovers every task and reads to the end.
-    let err = km0(&["--parallelism", "2"], &job);
+    if s3.is_some() {
+        let _ = std::fs::remove_dir_all(d.join("state"));
+    }
+    let err = km0_with(&["--parallelism", "2"], &job, &env);
     assert!(err.contains("recovered from checkpoint chk-"), "{err}");
     live
 }
@@ -457,4 +493,91 @@ fn a_live_swap_at_parallelism_2_gives_the_output_of_an_offline_deploy_at_the_sam
     assert!(got[0].lines().next().is_some_and(|l| !l.contains("suma_delta")));
     assert!(got[0].lines().last().is_some_and(|l| l.contains("suma_delta")));
     assert_same(&got, &task_outputs(&off), "live swap against offline deploy");
+}
+
+#[test]
+fn checkpoints_in_an_s3_store_recover_every_task_on_another_machine_after_sigkills() {
+    let s3 = km0_e2e::services::S3::start("km0");
+    let env = s3.env();
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 80_000, 29);
+    let live = run_with_sigkills_into(dir.path(), &parts, None, Some(("s3://km0/jobs/stock", &env)));
+    let whole = dir.path().join("whole");
+    km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
+    let want = task_outputs(&whole);
+    assert!(want[0].lines().count() > 50, "alerts of task 0: {}", want[0].lines().count());
+    assert_same(&task_outputs(&dir.path().join("killed")), &want, "after 8 SIGKILLs, recovered from S3");
+    let keys = s3.keys("jobs/stock/");
+    for t in 0..PARTITIONS {
+        let complete = keys
+            .iter()
+            .filter(|k| k.starts_with(&format!("jobs/stock/task-{t}/chk-")) && k.ends_with("/_COMPLETE"));
+        assert!(complete.count() >= 1, "task {t} has complete checkpoints in the store: {keys:?}");
+    }
+}
+
+#[test]
+fn a_torn_or_corrupt_checkpoint_in_s3_is_skipped_and_a_fenced_writer_stops() {
+    let s3 = km0_e2e::services::S3::start("km0");
+    let env = s3.env();
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 40_000, 31);
+    let whole = dir.path().join("whole");
+    km0(&[], &task_job(&whole, &parts, ""));
+    let want = task_outputs(&whole);
+
+    // A run that stops with a savepoint after 6 000 records per task, checkpointing every
+    // 1 000: chk-1 to chk-5 of each task in the store.
+    let d = dir.path().join("d");
+    let chk = "[checkpoints]\ndir = \"s3://km0/torn\"\ninterval = \"1h\"\nevery_records = 1000\nretain = 10\n[state]\ndir = \"state\"";
+    let job = task_job(&d, &parts, chk);
+    km0_with(&["--stop-with-savepoint-after", "6000"], &job, &env);
+    let chk_of = |t: usize, n: u64| format!("torn/task-{t}/chk-{n:06}");
+    assert!(
+        s3.keys(&chk_of(0, 5)).iter().any(|k| k.ends_with("/_COMPLETE")),
+        "{:?}",
+        s3.keys("torn/task-0/")
+    );
+    // A torn upload (files, no marker) as task-0's chk-6: never listed. Task-1's newest
+    // has a marker that names no writer, task-2's newest a state file replaced: each of
+    // those recovers from the one before.
+    s3.put(&format!("{}/0123abcd/state.bin", chk_of(0, 6)), b"half an upload");
+    s3.put(&format!("{}/_COMPLETE", chk_of(1, 5)), b"?");
+    let state = s3.keys(&chk_of(2, 5)).into_iter().find(|k| k.ends_with("/state.bin")).unwrap();
+    s3.put(&state, b"not the state");
+    let _ = std::fs::remove_dir_all(d.join("state"));
+    let err = km0_with(&[], &job, &env);
+    assert!(err.contains("recovered from checkpoint chk-000005"), "{err}");
+    assert_eq!(err.matches("skipping a checkpoint that does not read back").count(), 2, "{err}");
+    assert_same(&task_outputs(&d), &want, "recovered past a torn and a corrupt checkpoint");
+
+    // A writer that another process has taken its task from stops instead of writing.
+    let f = dir.path().join("fenced");
+    std::fs::create_dir_all(&f).unwrap();
+    for (l, p) in parts.iter().enumerate() {
+        std::fs::copy(p, f.join(format!("live-{l}.jsonl"))).unwrap();
+    }
+    let live: Vec<PathBuf> = (0..PARTITIONS).map(|l| f.join(format!("live-{l}.jsonl"))).collect();
+    let chk = "[checkpoints]\ndir = \"s3://km0/fenced\"\ninterval = \"50ms\"\n[state]\ndir = \"state\"";
+    let job = task_job(&f, &live, chk);
+    let child = Command::new(km0_bin())
+        .arg("run")
+        .arg(&job)
+        .args(["--follow", "--parallelism", "2", "--http", "off", "--quiet"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !s3.keys("fenced/task-2/").iter().any(|k| k.ends_with("/_COMPLETE")) {
+        assert!(t.elapsed() < Duration::from_secs(30), "no checkpoint of task-2: {:?}", s3.keys("fenced/"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let claimed: Vec<String> = s3.keys("fenced/task-2/generations/");
+    let g: u64 = claimed.iter().filter_map(|k| k.rsplit('/').next()?.parse().ok()).max().unwrap();
+    s3.put(&format!("fenced/task-2/generations/{:06}", g + 1), b"another process");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("fenced"), "{err}");
 }

@@ -101,7 +101,12 @@ pub enum Backend {
 /// `[checkpoints]`: consistent snapshots taken while the job runs, for recovery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointSpec {
+    /// Where checkpoints are written (with `remote`, first: the state folder's
+    /// `checkpoints/`).
     pub dir: PathBuf,
+    /// The shared object store (`s3://bucket/prefix`) every complete checkpoint is copied
+    /// to, and recovered from.
+    pub remote: Option<String>,
     /// Processing time between two checkpoints.
     pub interval_ms: i64,
     /// ... or this many records, whichever comes first.
@@ -826,6 +831,20 @@ impl Pipeline {
             }
         };
         let savepoints = raw.savepoints.map(|d| resolve(&d.dir)).unwrap_or_else(|| base.join("savepoints"));
+        let follows = source.unbounded();
+        let raw_state = raw.state.unwrap_or(RawState { backend: None, dir: None });
+        let state = StateSpec {
+            // RocksDB by default for unbounded sources, as the issue of large state is theirs.
+            backend: raw_state.backend.unwrap_or(if follows { Backend::Rocksdb } else { Backend::Memory }),
+            // The working copy is rebuilt from the checkpoints at every start: one folder
+            // per job name (two names never share one), so jobs in one folder never clear
+            // each other's.
+            dir: raw_state
+                .dir
+                .map(|d| resolve(&d))
+                .unwrap_or_else(|| base.join("state").join(folder_name(&raw.name))),
+        };
+
         let checkpoints = match raw.checkpoints {
             None => None,
             Some(c) if c.interval <= 0 => return Err(err("`checkpoints.interval` must be positive".into())),
@@ -833,7 +852,8 @@ impl Pipeline {
                 return Err(err("`checkpoints.retain` must be at least 1".into()))
             }
             Some(c) => Some(CheckpointSpec {
-                dir: resolve(&c.dir),
+                dir: if is_object_store(&c.dir) { state.dir.join("checkpoints") } else { resolve(&c.dir) },
+                remote: is_object_store(&c.dir).then(|| c.dir.trim_end_matches('/').to_string()),
                 interval_ms: c.interval,
                 every_records: c.every_records.filter(|&n| n > 0),
                 retain: c.retain.unwrap_or(3),
@@ -861,20 +881,6 @@ impl Pipeline {
         let watermark = raw.event_time.watermark;
         let parallelism = raw.job.and_then(|j| j.parallelism);
         tasks_spec(&raw.key, &partitioned_by, watermark, &source, parallelism).map_err(err)?;
-        let follows = source.unbounded();
-        let raw_state = raw.state.unwrap_or(RawState { backend: None, dir: None });
-        let state = StateSpec {
-            // RocksDB by default for unbounded sources, as the issue of large state is theirs.
-            backend: raw_state.backend.unwrap_or(if follows { Backend::Rocksdb } else { Backend::Memory }),
-            // The working copy is rebuilt from the checkpoints at every start: one folder
-            // per job name (two names never share one), so jobs in one folder never clear
-            // each other's.
-            dir: raw_state
-                .dir
-                .map(|d| resolve(&d))
-                .unwrap_or_else(|| base.join("state").join(folder_name(&raw.name))),
-        };
-
         Ok(Pipeline {
             file: path.to_path_buf(),
             name: raw.name,
@@ -980,6 +986,11 @@ fn tasks_spec(
             _ => Ok(()),
         },
     }
+}
+
+/// Whether `[checkpoints] dir` names an object store (`s3://bucket/prefix`).
+pub fn is_object_store(dir: &str) -> bool {
+    dir.starts_with("s3://")
 }
 
 /// Lower-case hex of a digest.

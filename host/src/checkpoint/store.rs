@@ -4,6 +4,7 @@
 //! (written aside and renamed), verified when read; the newest valid one is what a
 //! restart recovers from, and a corrupt one is skipped with a warning.
 
+use super::remote::RemoteStore;
 use super::savepoint::{self, Savepoint, SavepointMeta};
 use crate::window::operator::Capture;
 use crate::{Error, Result};
@@ -86,6 +87,104 @@ impl SnapshotStore for LocalStore {
 
     fn is_committed(&self, n: u64) -> bool {
         self.path(n).join(COMMITTED).is_file()
+    }
+}
+
+/// A job's checkpoints: the local folder they are written to, and the shared object store
+/// each complete one is copied to, when `[checkpoints] dir` names one. With a shared store
+/// it is the store that says which checkpoints exist: a process on another machine (or a
+/// new owner of a task) recovers from there.
+#[derive(Debug, Clone)]
+pub struct Checkpoints {
+    pub local: LocalStore,
+    pub remote: Option<RemoteStore>,
+}
+
+impl Checkpoints {
+    /// The local folder `dir`, and the store `remote` (a URL) if given.
+    pub fn open(dir: &Path, remote: Option<&str>) -> Result<Checkpoints> {
+        let local = LocalStore::open(dir)?;
+        let remote = remote.map(RemoteStore::open).transpose()?;
+        Ok(Checkpoints { local, remote })
+    }
+
+    /// The local folder of checkpoint `n`.
+    pub fn path(&self, n: u64) -> PathBuf {
+        self.local.path(n)
+    }
+
+    /// Checkpoint `n` is complete in the local folder: copy it to the shared store.
+    pub fn publish(&self, n: u64) -> Result<()> {
+        match &self.remote {
+            Some(r) => r.upload(n, &self.local.path(n)),
+            None => Ok(()),
+        }
+    }
+
+    /// Take the task's checkpoints in the shared store (fencing a previous owner).
+    pub fn claim(&self) -> Result<()> {
+        match &self.remote {
+            Some(r) => r.claim().map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// The number the next checkpoint takes: after every one here or in the store.
+    pub fn next(&self) -> Result<u64> {
+        let mut newest = self.local.list()?.last().copied().unwrap_or(0);
+        if let Some(r) = &self.remote {
+            newest = newest.max(r.list()?.last().copied().unwrap_or(0));
+        }
+        Ok(newest + 1)
+    }
+}
+
+impl SnapshotStore for Checkpoints {
+    fn write(&self, n: u64, meta: SavepointMeta, snapshots: &[Capture]) -> Result<String> {
+        let name = self.local.write(n, meta, snapshots)?;
+        self.publish(n)?;
+        Ok(match &self.remote {
+            Some(r) => format!("{}/chk-{n:06}", r.url()),
+            None => name,
+        })
+    }
+
+    fn list(&self) -> Result<Vec<u64>> {
+        match &self.remote {
+            Some(r) => r.list(),
+            None => self.local.list(),
+        }
+    }
+
+    fn read(&self, n: u64) -> Result<Savepoint> {
+        match &self.remote {
+            Some(r) => savepoint::read(&r.fetch(n, &self.local.dir.join(".fetched"))?),
+            None => self.local.read(n),
+        }
+    }
+
+    fn remove(&self, n: u64) -> Result<()> {
+        if let Some(r) = &self.remote {
+            r.remove(n)?;
+            if !self.local.path(n).exists() {
+                return Ok(());
+            }
+        }
+        self.local.remove(n)
+    }
+
+    fn mark_committed(&self, n: u64) -> Result<()> {
+        if let Some(r) = &self.remote {
+            r.mark_committed(n)?;
+        }
+        self.local.mark_committed(n)
+    }
+
+    fn is_committed(&self, n: u64) -> bool {
+        match &self.remote {
+            Some(r) => r.is_committed(n),
+            None => self.local.is_committed(n),
+        }
     }
 }
 

@@ -54,7 +54,7 @@ pub(super) enum Written {
 /// checkpoint at a time.
 pub(super) struct Checkpointer {
     pub(super) spec: CheckpointSpec,
-    pub(super) store: LocalStore,
+    pub(super) store: Checkpoints,
     /// The RocksDB copy of the state, with the RocksDB backend.
     pub(super) rocks: Option<std::sync::Arc<RocksState>>,
     pub(super) next: u64,
@@ -125,6 +125,7 @@ impl Checkpointer {
                     savepoint::write_external(&store.path(n), meta, "rocksdb", |dir| {
                         rocks.apply_and_checkpoint(&changes, dir)
                     })?;
+                    store.publish(n)?;
                     let bytes = folder_bytes(&store.path(n));
                     store::prune(&store, retain)?;
                     tracing::debug!(

@@ -33,7 +33,7 @@ use upgrade::Refusal;
 
 use crate::checkpoint::components::Component;
 use crate::checkpoint::savepoint::{self, PipelineIdentity, StateFile};
-use crate::checkpoint::store::{self, LocalStore, SnapshotStore};
+use crate::checkpoint::store::{self, Checkpoints, SnapshotStore};
 use crate::checkpoint::{OperatorMeta, Savepoint, SavepointMeta};
 use crate::pipeline::{Backend, CheckpointSpec, DeadLetterSpec, Pipeline, SinkSpec};
 use crate::plugin::{Plugin, PluginIdentity, PluginRuntime};
@@ -150,7 +150,7 @@ fn open<'p>(pipeline: &'p Pipeline, opts: &RunOptions, runtime: &PluginRuntime) 
     let restore = match (&opts.from_savepoint, &pipeline.checkpoints) {
         (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
         (None, Some(c)) if !opts.no_recover => {
-            let store = LocalStore::open(&c.dir)?;
+            let store = Checkpoints::open(&c.dir, c.remote.as_deref())?;
             let transactional = opts.output.is_none()
                 && matches!(
                     pipeline.sink,

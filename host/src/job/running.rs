@@ -528,8 +528,9 @@ impl<'p> RunningJob<'p> {
 /// changes with the RocksDB backend); a deployed component it runs is stored first.
 fn open_checkpoints(pipeline: &Pipeline, job: &mut Job) -> Result<Option<Checkpointer>> {
     let Some(spec) = &pipeline.checkpoints else { return Ok(None) };
-    let store = LocalStore::open(&spec.dir)?;
-    let next = store.list()?.last().map_or(1, |n| n + 1);
+    let store = Checkpoints::open(&spec.dir, spec.remote.as_deref())?;
+    store.claim()?;
+    let next = store.next()?;
     let rocks = match pipeline.state.backend {
         Backend::Memory => None,
         Backend::Rocksdb => {

@@ -99,6 +99,9 @@ fn task_pipeline(job: &Pipeline, task: &str) -> Pipeline {
     }
     if let Some(c) = &mut p.checkpoints {
         c.dir = c.dir.join(task);
+        if let Some(r) = &mut c.remote {
+            *r = format!("{r}/{task}");
+        }
     }
     p.state.dir = p.state.dir.join(task);
     p

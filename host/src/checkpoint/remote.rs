@@ -1,0 +1,302 @@
+//! Checkpoints in a shared object store (S3 or an S3-compatible server, through the
+//! `object_store` crate): `[checkpoints] dir = "s3://bucket/prefix"`, credentials and
+//! endpoint from the usual AWS environment variables (`AWS_ENDPOINT`,
+//! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_DEFAULT_REGION`, `AWS_ALLOW_HTTP`).
+//!
+//! A checkpoint is written to the local folder first (as without a shared store), then
+//! copied: every file under `<prefix>/chk-N/<writer>/`, and last `<prefix>/chk-N/_COMPLETE`,
+//! created only if absent, naming the writer. Only a checkpoint with `_COMPLETE` is
+//! listed, and only its writer's files are read: a torn upload is never restored, and a
+//! process that lost its task (fenced: another wrote `_COMPLETE` of that number first)
+//! fails its checkpoint instead of overwriting the new owner's. A checkpoint read from the
+//! store is fetched into `<local>/.fetched/` and verified as any savepoint is.
+
+use crate::{Error, Result};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The marker that makes a checkpoint in the store complete (its writer's id inside).
+const COMPLETE: &str = "_COMPLETE";
+
+/// Checkpoints in an object store.
+#[derive(Clone)]
+pub struct RemoteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    prefix: StorePath,
+    rt: tokio::runtime::Runtime,
+    /// This process's id in the paths it writes (random per run).
+    writer: String,
+    /// The generation this writer claimed when it took the task ([`RemoteStore::claim`]).
+    generation: std::sync::OnceLock<u64>,
+}
+
+impl std::fmt::Debug for RemoteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RemoteStore({})", self.inner.url)
+    }
+}
+
+fn err(url: &str, what: impl std::fmt::Display) -> Error {
+    Error::Usage(format!("checkpoint store {url}: {what}"))
+}
+
+impl RemoteStore {
+    /// Connect to `url` (`s3://bucket/prefix`).
+    pub fn open(url: &str) -> Result<RemoteStore> {
+        let rest = url.strip_prefix("s3://").ok_or_else(|| err(url, "only s3:// URLs are supported"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(err(url, "names no bucket"));
+        }
+        let store = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .build()
+            .map_err(|e| err(url, e))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| err(url, format!("start the client runtime: {e}")))?;
+        let mut id = [0u8; 8];
+        let seed = format!("{:?}{}", std::time::SystemTime::now(), std::process::id());
+        id.copy_from_slice(
+            &sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(seed))[..8],
+        );
+        Ok(RemoteStore {
+            inner: Arc::new(Inner {
+                url: url.to_string(),
+                store: Arc::new(store),
+                prefix: StorePath::from(prefix.trim_matches('/')),
+                rt,
+                writer: crate::pipeline::hex(&id),
+                generation: std::sync::OnceLock::new(),
+            }),
+        })
+    }
+
+    /// The store's URL.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    fn chk(&self, n: u64) -> StorePath {
+        self.inner.prefix.child(format!("chk-{n:06}"))
+    }
+
+    fn block<T>(
+        &self,
+        f: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> object_store::Result<T> {
+        self.inner.rt.block_on(f)
+    }
+
+    /// Take the task: claim the next generation (`<prefix>/generations/G`, created only
+    /// if absent). A writer whose generation is no longer the newest has lost the task:
+    /// its checkpoints are refused ([`RemoteStore::upload`]).
+    pub fn claim(&self) -> Result<u64> {
+        let url = &self.inner.url;
+        let dir = self.inner.prefix.child("generations");
+        let listed = self
+            .block(self.inner.store.list_with_delimiter(Some(&dir)))
+            .map_err(|e| err(url, format!("list {dir}: {e}")))?;
+        let mut g = listed
+            .objects
+            .iter()
+            .filter_map(|o| o.location.filename()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        loop {
+            g += 1;
+            let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+            let path = dir.child(format!("{g:06}"));
+            match self.block(self.inner.store.put_opts(
+                &path,
+                PutPayload::from(self.inner.writer.clone()),
+                create,
+            )) {
+                Ok(_) => break,
+                Err(object_store::Error::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(err(url, format!("claim {path}: {e}"))),
+            }
+        }
+        let _ = self.inner.generation.set(g);
+        tracing::info!(store = %url, generation = g, "took the task's checkpoints");
+        Ok(g)
+    }
+
+    /// Copy the local checkpoint folder `local` as checkpoint `n`: its files, then the
+    /// marker (refused when another writer's checkpoint `n` is there, or another process
+    /// claimed the task since: fenced).
+    pub fn upload(&self, n: u64, local: &Path) -> Result<()> {
+        let url = &self.inner.url;
+        if let Some(g) = self.inner.generation.get() {
+            let next = self.inner.prefix.child("generations").child(format!("{:06}", g + 1));
+            match self.block(self.inner.store.head(&next)) {
+                Err(object_store::Error::NotFound { .. }) => {}
+                Ok(_) => {
+                    return Err(err(
+                        url,
+                        format!(
+                            "another process took the task (generation {} after this one's {g}): this one no \
+                             longer owns it (fenced)",
+                            g + 1
+                        ),
+                    ))
+                }
+                Err(e) => return Err(err(url, format!("look at {next}: {e}"))),
+            }
+        }
+        let base = self.chk(n).child(self.inner.writer.as_str());
+        let mut files = Vec::new();
+        walk(local, Path::new(""), &mut files).map_err(|e| Error::io("list checkpoint", local, e))?;
+        for rel in files {
+            let bytes =
+                std::fs::read(local.join(&rel)).map_err(|e| Error::io("read checkpoint file", &rel, e))?;
+            let mut to = base.clone();
+            for part in rel.iter() {
+                to = to.child(part.to_string_lossy().as_ref());
+            }
+            self.block(self.inner.store.put(&to, PutPayload::from(bytes)))
+                .map_err(|e| err(url, format!("upload {to}: {e}")))?;
+        }
+        let marker = self.chk(n).child(COMPLETE);
+        let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.block(self.inner.store.put_opts(&marker, PutPayload::from(self.inner.writer.clone()), create)) {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(err(
+                url,
+                format!(
+                    "checkpoint chk-{n:06} was completed by another process: this one no longer owns the task \
+                     (fenced)"
+                ),
+            )),
+            Err(e) => Err(err(url, format!("complete {marker}: {e}"))),
+        }
+    }
+
+    /// The complete checkpoints, ascending.
+    pub fn list(&self) -> Result<Vec<u64>> {
+        let url = &self.inner.url;
+        let listed = self
+            .block(self.inner.store.list_with_delimiter(Some(&self.inner.prefix)))
+            .map_err(|e| err(url, format!("list: {e}")))?;
+        let mut out = Vec::new();
+        for p in listed.common_prefixes {
+            let Some(n) =
+                p.filename().and_then(|f| f.strip_prefix("chk-")).and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            match self.block(self.inner.store.head(&self.chk(n).child(COMPLETE))) {
+                Ok(_) => out.push(n),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(err(url, format!("look at chk-{n:06}: {e}"))),
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Fetch checkpoint `n` (its writer's files) into a folder under `cache`: its path.
+    pub fn fetch(&self, n: u64, cache: &Path) -> Result<PathBuf> {
+        let url = &self.inner.url;
+        let marker = self.chk(n).child(COMPLETE);
+        let writer = self
+            .block(async { self.inner.store.get(&marker).await?.bytes().await })
+            .map_err(|e| err(url, format!("read {marker}: {e}")))?;
+        let writer = String::from_utf8_lossy(&writer).trim().to_string();
+        if writer.is_empty() || !writer.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(err(url, format!("{marker} does not name a writer")));
+        }
+        let to = cache.join(format!("chk-{n:06}-{writer}"));
+        if to.is_dir() {
+            return Ok(to);
+        }
+        let tmp = cache.join(format!(".chk-{n:06}-{writer}.tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let base = self.chk(n).child(writer.as_str());
+        let mut pending = vec![base.clone()];
+        while let Some(dir) = pending.pop() {
+            let listed = self
+                .block(self.inner.store.list_with_delimiter(Some(&dir)))
+                .map_err(|e| err(url, format!("list {dir}: {e}")))?;
+            pending.extend(listed.common_prefixes);
+            for o in listed.objects {
+                let rel: Vec<String> = o
+                    .location
+                    .prefix_match(&base)
+                    .map(|parts| parts.map(|p| p.as_ref().to_string()).collect())
+                    .unwrap_or_default();
+                if rel.is_empty() || rel.iter().any(|p| p == ".." || p.is_empty()) {
+                    continue;
+                }
+                let path = rel.iter().fold(tmp.clone(), |p, part| p.join(part));
+                let bytes = self
+                    .block(async { self.inner.store.get(&o.location).await?.bytes().await })
+                    .map_err(|e| err(url, format!("download {}: {e}", o.location)))?;
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| Error::io("create folder", parent, e))?;
+                }
+                std::fs::write(&path, &bytes).map_err(|e| Error::io("write", &path, e))?;
+            }
+        }
+        std::fs::rename(&tmp, &to).map_err(|e| Error::io("rename fetched checkpoint", &to, e))?;
+        Ok(to)
+    }
+
+    /// Delete checkpoint `n` (the marker first: a half-deleted one is not listed).
+    pub fn remove(&self, n: u64) -> Result<()> {
+        let url = &self.inner.url;
+        let chk = self.chk(n);
+        match self.block(self.inner.store.delete(&chk.child(COMPLETE))) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(err(url, format!("delete {chk}: {e}"))),
+        }
+        let mut pending = vec![chk];
+        while let Some(dir) = pending.pop() {
+            let listed = self
+                .block(self.inner.store.list_with_delimiter(Some(&dir)))
+                .map_err(|e| err(url, format!("list {dir}: {e}")))?;
+            pending.extend(listed.common_prefixes);
+            for o in listed.objects {
+                match self.block(self.inner.store.delete(&o.location)) {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(err(url, format!("delete {}: {e}", o.location))),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Record that checkpoint `n`'s epoch committed (transactional sinks).
+    pub fn mark_committed(&self, n: u64) -> Result<()> {
+        let path = self.chk(n).child("COMMITTED");
+        self.block(self.inner.store.put(&path, PutPayload::from_static(b"")))
+            .map(drop)
+            .map_err(|e| err(&self.inner.url, format!("mark {path}: {e}")))
+    }
+
+    pub fn is_committed(&self, n: u64) -> bool {
+        self.block(self.inner.store.head(&self.chk(n).child("COMMITTED"))).is_ok()
+    }
+}
+
+/// The files under `dir` (relative to it), recursively.
+fn walk(dir: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir.join(rel))? {
+        let e = e?;
+        let r = rel.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            walk(dir, &r, out)?;
+        } else {
+            out.push(r);
+        }
+    }
+    Ok(())
+}

@@ -26,6 +26,8 @@ if [ "${1:-}" != --build ]; then
   else line MISSING chromium "apt-get install -y chromium chromium-driver (scripts/install-chromium.sh)"; fi
   if km0_has_prometheus_client; then line ok prometheus-client "python3 (the metrics tests' parser)"
   else line MISSING prometheus-client "python3 -m pip install prometheus-client==0.26.0 (scripts/test.sh)"; fi
+  if km0_has_moto_server; then line ok moto-server "python3 -m moto.server (the S3-compatible store the checkpoint tests start)"
+  else line MISSING moto-server "python3 -m pip install 'moto[server]==5.2.1' (scripts/test.sh)"; fi
   if km0_has_postgres; then line ok postgresql "$(ls -d /usr/lib/postgresql/*/bin | head -n1) (PostgreSQL tests)"
   else line MISSING postgresql "apt-get install -y postgresql (scripts/install-postgres.sh)"; fi
 fi

@@ -27,6 +27,11 @@ if ! km0_has_prometheus_client; then
   echo "== installing prometheus-client (PyPI)"
   python3 -m pip install --quiet "prometheus-client==0.26.0"
 fi
+# The S3-compatible server the checkpoint-store tests start (tests/services.rs).
+if ! km0_has_moto_server; then
+  echo "== installing moto[server] (PyPI)"
+  python3 -m pip install --quiet "moto[server]==5.2.1"
+fi
 echo "== cargo test --no-run (release)"
 cargo test --release --locked --workspace --no-run
 if ! wait "$tansu_pid"; then

@@ -46,6 +46,11 @@ km0_has_prometheus_client() {
   python3 -c 'import prometheus_client.openmetrics.parser' >/dev/null 2>&1
 }
 
+# moto's S3 server (tests/services.rs starts it for the checkpoint-store tests).
+km0_has_moto_server() {
+  python3 -c 'import moto.server, flask, flask_cors' >/dev/null 2>&1
+}
+
 km0_has_node() {
   command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1
 }

@@ -272,7 +272,7 @@ fn produce(parts: &[PathBuf], live: &[PathBuf]) -> std::thread::JoinHandle<()> {
 /// completed a checkpoint; then once more to the end of the (complete) input. Returns the
 /// live files.
 fn run_with_sigkills(dir: &Path, parts: &[PathBuf], sink: Option<&str>) -> Vec<PathBuf> {
-    run_with_sigkills_into(dir, parts, sink, None)
+    run_with_sigkills_into(dir, parts, sink, None, None)
 }
 
 /// [`run_with_sigkills`] with the checkpoints in the object store `s3` (its URL and the
@@ -283,6 +283,7 @@ fn run_with_sigkills_into(
     parts: &[PathBuf],
     sink: Option<&str>,
     s3: Option<(&str, &[(&str, String)])>,
+    freeze: Option<&km0_e2e::services::S3>,
 ) -> Vec<PathBuf> {
     let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.join(format!("live-{i}.jsonl"))).collect();
     for l in &live {
@@ -326,6 +327,13 @@ fn run_with_sigkills_into(
             .stderr(std::fs::File::create(dir.join("stderr.txt")).unwrap())
             .spawn()
             .unwrap();
+        if let (Some(store), 3) = (freeze, kill) {
+            // The store stops answering for 2 s mid-run: uploads wait, none is torn.
+            std::thread::sleep(Duration::from_millis(200));
+            store.freeze(true);
+            std::thread::sleep(Duration::from_secs(2));
+            store.freeze(false);
+        }
         while newest() <= before {
             if child.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(120) {
                 let err = std::fs::read_to_string(dir.join("stderr.txt")).unwrap_or_default();
@@ -496,12 +504,13 @@ fn a_live_swap_at_parallelism_2_gives_the_output_of_an_offline_deploy_at_the_sam
 }
 
 #[test]
-fn checkpoints_in_an_s3_store_recover_every_task_on_another_machine_after_sigkills() {
+fn checkpoints_in_an_s3_store_recover_every_task_on_another_machine_after_sigkills_and_an_outage() {
     let s3 = km0_e2e::services::S3::start("km0");
     let env = s3.env();
     let dir = tempfile::tempdir().unwrap();
     let parts = partitioned(dir.path(), 80_000, 29);
-    let live = run_with_sigkills_into(dir.path(), &parts, None, Some(("s3://km0/jobs/stock", &env)));
+    let live =
+        run_with_sigkills_into(dir.path(), &parts, None, Some(("s3://km0/jobs/stock", &env)), Some(&s3));
     let whole = dir.path().join("whole");
     km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
     let want = task_outputs(&whole);
@@ -580,4 +589,75 @@ fn a_torn_or_corrupt_checkpoint_in_s3_is_skipped_and_a_fenced_writer_stops() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("fenced"), "{err}");
+}
+
+#[test]
+fn a_task_restored_from_the_s3_store_on_another_machine_runs_the_deployed_plugin() {
+    const FIRST: usize = 3_000;
+    const TOKEN: &str = "d3ploy";
+    let s3 = km0_e2e::services::S3::start("km0");
+    let env = s3.env();
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 30_000, 37);
+    let lines: Vec<Vec<String>> = parts
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap().lines().map(|l| format!("{l}\n")).collect())
+        .collect();
+    let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.path().join(format!("live-{i}.jsonl"))).collect();
+    for (l, text) in live.iter().zip(&lines) {
+        std::fs::write(l, text[..FIRST].concat()).unwrap();
+    }
+    let d = dir.path().join("job");
+    let chk = "[checkpoints]\ndir = \"s3://km0/deployed\"\ninterval = \"100ms\"\n[state]\ndir = \"state\"";
+    let job = task_job(&d, &live, chk);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child = Command::new(km0_bin())
+        .arg("run")
+        .arg(&job)
+        .args(["--follow", "--parallelism", "2", "--http", &format!("127.0.0.1:{port}")])
+        .env("KM0_TOKEN", TOKEN)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    loop {
+        let read = km0::control::client::call(&url, "GET", "/api/v1/job", None)
+            .ok()
+            .and_then(|(_, b)| serde_json::from_str::<serde_json::Value>(&b).ok())
+            .and_then(|s| s["counters"]["read"].as_u64());
+        if read == Some((PARTITIONS * FIRST) as u64) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "the job reads the first records");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The reply comes once every task's checkpoint after the swap is durable.
+    let out = Command::new(km0_bin())
+        .args(["deploy", plugin("min-stock-v2").to_str().unwrap(), "--job", &url, "--json"])
+        .env("KM0_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(s3.keys("deployed/task-0/components/").len() == 1, "{:?}", s3.keys("deployed/task-0/"));
+
+    // Another machine: no local state; the rest of the input; a bounded run.
+    let _ = std::fs::remove_dir_all(d.join("state"));
+    for (l, text) in live.iter().zip(&lines) {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(l)
+            .unwrap()
+            .write_all(text[FIRST..].concat().as_bytes())
+            .unwrap();
+    }
+    let err = km0_with(&["--parallelism", "2"], &job, &env);
+    assert!(err.contains("resuming with the plugin the job ran"), "{err}");
+    for (t, alerts) in task_outputs(&d).iter().step_by(3).enumerate() {
+        assert!(alerts.lines().last().is_some_and(|l| l.contains("suma_delta")), "task {t}: {alerts}");
+    }
 }

@@ -35,6 +35,8 @@ struct Inner {
     writer: String,
     /// The generation this writer claimed when it took the task ([`RemoteStore::claim`]).
     generation: std::sync::OnceLock<u64>,
+    /// Deployed components known to be in the store.
+    components: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for RemoteStore {
@@ -76,6 +78,7 @@ impl RemoteStore {
                 rt,
                 writer: crate::pipeline::hex(&id),
                 generation: std::sync::OnceLock::new(),
+                components: Default::default(),
             }),
         })
     }
@@ -165,6 +168,10 @@ impl RemoteStore {
             self.block(self.inner.store.put(&to, PutPayload::from(bytes)))
                 .map_err(|e| err(url, format!("upload {to}: {e}")))?;
         }
+        // The deployed components it may run, before the checkpoint that needs them.
+        if let Some(dir) = local.parent() {
+            self.put_components(dir)?;
+        }
         let marker = self.chk(n).child(COMPLETE);
         let create = PutOptions { mode: PutMode::Create, ..Default::default() };
         match self.block(self.inner.store.put_opts(&marker, PutPayload::from(self.inner.writer.clone()), create)) {
@@ -178,6 +185,62 @@ impl RemoteStore {
             )),
             Err(e) => Err(err(url, format!("complete {marker}: {e}"))),
         }
+    }
+
+    /// Copy the deployed components kept in `dir` (`components/<sha256>.wasm`) that the
+    /// store does not have yet to `<prefix>/components/`: a task restored elsewhere runs
+    /// the plugin it ran.
+    fn put_components(&self, dir: &Path) -> Result<()> {
+        let url = &self.inner.url;
+        let Ok(entries) = std::fs::read_dir(dir.join(super::components::FOLDER)) else { return Ok(()) };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".wasm") || name.starts_with('.') {
+                continue;
+            }
+            if self.inner.components.lock().is_ok_and(|known| known.contains(&name)) {
+                continue;
+            }
+            let to = self.inner.prefix.child(super::components::FOLDER).child(name.as_str());
+            match self.block(self.inner.store.head(&to)) {
+                Ok(_) => {}
+                Err(object_store::Error::NotFound { .. }) => {
+                    let bytes =
+                        std::fs::read(e.path()).map_err(|err| Error::io("read component", e.path(), err))?;
+                    self.block(self.inner.store.put(&to, PutPayload::from(bytes)))
+                        .map_err(|e| err(url, format!("upload {to}: {e}")))?;
+                }
+                Err(e) => return Err(err(url, format!("look at {to}: {e}"))),
+            }
+            if let Ok(mut known) = self.inner.components.lock() {
+                known.insert(name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetch the store's deployed components that `dir` does not have (each kept under
+    /// its content's hash: a damaged one is never taken for another).
+    pub fn fetch_components(&self, dir: &Path) -> Result<()> {
+        let url = &self.inner.url;
+        let from = self.inner.prefix.child(super::components::FOLDER);
+        let listed = self
+            .block(self.inner.store.list_with_delimiter(Some(&from)))
+            .map_err(|e| err(url, format!("list {from}: {e}")))?;
+        for o in listed.objects {
+            let Some(sha) = o.location.filename().and_then(|f| f.strip_suffix(".wasm")).map(str::to_string)
+            else {
+                continue;
+            };
+            if super::components::Component::find(&[dir], &sha).is_some() {
+                continue;
+            }
+            let bytes = self
+                .block(async { self.inner.store.get(&o.location).await?.bytes().await })
+                .map_err(|e| err(url, format!("download {}: {e}", o.location)))?;
+            super::components::Component::new(bytes.to_vec()).put(dir)?;
+        }
+        Ok(())
     }
 
     /// The complete checkpoints, ascending.

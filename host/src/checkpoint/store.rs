@@ -158,7 +158,11 @@ impl SnapshotStore for Checkpoints {
 
     fn read(&self, n: u64) -> Result<Savepoint> {
         match &self.remote {
-            Some(r) => savepoint::read(&r.fetch(n, &self.local.dir.join(".fetched"))?),
+            Some(r) => {
+                let sp = savepoint::read(&r.fetch(n, &self.local.dir.join(".fetched"))?)?;
+                r.fetch_components(&self.local.dir)?;
+                Ok(sp)
+            }
             None => self.local.read(n),
         }
     }

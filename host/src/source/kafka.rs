@@ -222,12 +222,21 @@ impl MessageKey {
             ));
         };
         let joined = fields.join(&b'|');
+        // Quoted at most 200 bytes each: a reason is a line of a log and of the status.
+        let quote = |b: &[u8]| {
+            let text = String::from_utf8_lossy(&b[..b.len().min(200)]).into_owned();
+            if b.len() > 200 {
+                format!("{text}...")
+            } else {
+                text
+            }
+        };
         (joined != key).then(|| {
             format!(
                 "its message key {:?} is not its `source.partitioned_by` fields {names:?} ({:?}): it may be in \
                  another partition than the rest of its key's records",
-                String::from_utf8_lossy(key),
-                String::from_utf8_lossy(&joined)
+                quote(key),
+                quote(&joined)
             )
         })
     }

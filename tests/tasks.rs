@@ -275,6 +275,10 @@ fn run_with_sigkills(dir: &Path, parts: &[PathBuf], sink: Option<&str>) -> Vec<P
     run_with_sigkills_into(dir, parts, sink, None, None)
 }
 
+/// An object store for the checkpoints: its URL, the environment that reaches it, and
+/// the state backend.
+type Store<'a> = (&'a str, &'a [(&'a str, String)], &'a str);
+
 /// [`run_with_sigkills`] with the checkpoints in the object store `s3` (its URL and the
 /// environment that reaches it); between runs the local state folder (where checkpoints
 /// are written first) is deleted, as if each run were on another machine.
@@ -282,7 +286,7 @@ fn run_with_sigkills_into(
     dir: &Path,
     parts: &[PathBuf],
     sink: Option<&str>,
-    s3: Option<(&str, &[(&str, String)])>,
+    s3: Option<Store>,
     freeze: Option<&km0_e2e::services::S3>,
 ) -> Vec<PathBuf> {
     let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.join(format!("live-{i}.jsonl"))).collect();
@@ -292,14 +296,12 @@ fn run_with_sigkills_into(
     let producer = produce(parts, &live);
     let d = dir.join("killed");
     let chk = match s3 {
-        Some((url, _)) => {
-            format!(
-                "[checkpoints]\ndir = \"{url}\"\ninterval = \"40ms\"\nretain = 3\n[state]\ndir = \"state\""
-            )
-        }
+        Some((url, _, backend)) => format!(
+            "[checkpoints]\ndir = \"{url}\"\ninterval = \"40ms\"\nretain = 3\n[state]\ndir = \"state\"\nbackend = \"{backend}\""
+        ),
         None => "[checkpoints]\ndir = \"chk\"\ninterval = \"40ms\"\nretain = 3".to_string(),
     };
-    let env: Vec<(&str, String)> = s3.map(|(_, e)| e.to_vec()).unwrap_or_default();
+    let env: Vec<(&str, String)> = s3.map(|(_, e, _)| e.to_vec()).unwrap_or_default();
     let job = task_job_into(&d, &live, &chk, sink);
     let local = if s3.is_some() { "state/checkpoints" } else { "chk" };
     let newest = || -> u64 {
@@ -509,8 +511,13 @@ fn checkpoints_in_an_s3_store_recover_every_task_on_another_machine_after_sigkil
     let env = s3.env();
     let dir = tempfile::tempdir().unwrap();
     let parts = partitioned(dir.path(), 80_000, 29);
-    let live =
-        run_with_sigkills_into(dir.path(), &parts, None, Some(("s3://km0/jobs/stock", &env)), Some(&s3));
+    let live = run_with_sigkills_into(
+        dir.path(),
+        &parts,
+        None,
+        Some(("s3://km0/jobs/stock", &env, "memory")),
+        Some(&s3),
+    );
     let whole = dir.path().join("whole");
     km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
     let want = task_outputs(&whole);
@@ -619,7 +626,7 @@ fn a_task_restored_from_the_s3_store_on_another_machine_runs_the_deployed_plugin
         .env("KM0_TOKEN", TOKEN)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("stderr.txt")).unwrap())
         .spawn()
         .unwrap();
     let t = Instant::now();
@@ -640,7 +647,8 @@ fn a_task_restored_from_the_s3_store_on_another_machine_runs_the_deployed_plugin
         .env("KM0_TOKEN", TOKEN)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let log = || std::fs::read_to_string(dir.path().join("stderr.txt")).unwrap_or_default();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), log());
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(s3.keys("deployed/task-0/components/").len() == 1, "{:?}", s3.keys("deployed/task-0/"));
@@ -660,4 +668,23 @@ fn a_task_restored_from_the_s3_store_on_another_machine_runs_the_deployed_plugin
     for (t, alerts) in task_outputs(&d).iter().step_by(3).enumerate() {
         assert!(alerts.lines().last().is_some_and(|l| l.contains("suma_delta")), "task {t}: {alerts}");
     }
+}
+
+#[test]
+fn rocksdb_checkpoints_in_s3_share_their_table_files_and_recover_after_sigkills() {
+    let s3 = km0_e2e::services::S3::start("km0");
+    let env = s3.env();
+    let dir = tempfile::tempdir().unwrap();
+    let parts = partitioned(dir.path(), 80_000, 41);
+    let live =
+        run_with_sigkills_into(dir.path(), &parts, None, Some(("s3://km0/rocks", &env, "rocksdb")), None);
+    let whole = dir.path().join("whole");
+    km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
+    assert_same(&task_outputs(&dir.path().join("killed")), &task_outputs(&whole), "RocksDB state from S3");
+    // Table files are stored once, under shared/, and only those a checkpoint holds.
+    let keys = s3.keys("rocks/task-0/");
+    assert!(keys.iter().all(|k| !k.ends_with(".sst") || k.starts_with("rocks/task-0/shared/")), "{keys:?}");
+    let shared = keys.iter().filter(|k| k.starts_with("rocks/task-0/shared/")).count();
+    let lists = keys.iter().filter(|k| k.ends_with(".shared")).count();
+    assert!(shared > 0 && lists > 0, "{keys:?}");
 }

@@ -10,6 +10,11 @@
 //! process that lost its task (fenced: another wrote `_COMPLETE` of that number first)
 //! fails its checkpoint instead of overwriting the new owner's. A checkpoint read from the
 //! store is fetched into `<local>/.fetched/` and verified as any savepoint is.
+//!
+//! RocksDB's table files (`*.sst`) never change once written, and a checkpoint shares most
+//! of them with the one before: each goes once to `<prefix>/shared/<writer>/`, and a
+//! checkpoint lists the ones it holds in `<prefix>/chk-N/<writer>.shared`. Removing a
+//! checkpoint removes the shared files no complete checkpoint lists any more.
 
 use crate::{Error, Result};
 use object_store::path::Path as StorePath;
@@ -37,6 +42,8 @@ struct Inner {
     generation: std::sync::OnceLock<u64>,
     /// Deployed components known to be in the store.
     components: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Shared table files this writer has put in the store.
+    shared: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for RemoteStore {
@@ -57,7 +64,13 @@ impl RemoteStore {
         if bucket.is_empty() {
             return Err(err(url, "names no bucket"));
         }
+        use object_store::aws::AmazonS3ConfigKey as Key;
+        use object_store::ClientConfigKey as Client;
+        // A request that hangs is given up after 10 s and retried (object_store's retries,
+        // up to 3 minutes), rather than after the default 30 s.
         let store = object_store::aws::AmazonS3Builder::from_env()
+            .with_config(Key::Client(Client::Timeout), "10s")
+            .with_config(Key::Client(Client::ConnectTimeout), "3s")
             .with_bucket_name(bucket)
             .build()
             .map_err(|e| err(url, e))?;
@@ -79,6 +92,7 @@ impl RemoteStore {
                 writer: crate::pipeline::hex(&id),
                 generation: std::sync::OnceLock::new(),
                 components: Default::default(),
+                shared: Default::default(),
             }),
         })
     }
@@ -86,6 +100,80 @@ impl RemoteStore {
     /// The store's URL.
     pub fn url(&self) -> &str {
         &self.inner.url
+    }
+
+    fn shared_dir(&self) -> StorePath {
+        self.inner.prefix.child("shared")
+    }
+
+    /// The shared table files checkpoint `n` (written by `writer`) holds: (path in the
+    /// checkpoint, key in the store).
+    fn shared_of(&self, n: u64, writer: &str) -> Result<Vec<(String, StorePath)>> {
+        let url = &self.inner.url;
+        let list = self.chk(n).child(format!("{writer}.shared"));
+        let text = match self.block(async { self.inner.store.get(&list).await?.bytes().await }) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(err(url, format!("read {list}: {e}"))),
+        };
+        let shared = self.shared_dir();
+        let mut out = Vec::new();
+        for line in text.lines() {
+            let Some((rel, key)) = line.split_once('\t') else {
+                return Err(err(url, format!("{list}: a line is not `path<TAB>key`")));
+            };
+            let key = StorePath::from(key);
+            let plain = rel.split('/').all(|p| !p.is_empty() && p != "." && p != "..");
+            if !plain || key.prefix_match(&shared).is_none() {
+                return Err(err(url, format!("{list}: {rel:?} or {key} is outside the checkpoint")));
+            }
+            out.push((rel.to_string(), key));
+        }
+        Ok(out)
+    }
+
+    /// The writer that completed checkpoint `n`.
+    fn writer_of(&self, n: u64) -> Result<String> {
+        let url = &self.inner.url;
+        let marker = self.chk(n).child(COMPLETE);
+        let writer = self
+            .block(async { self.inner.store.get(&marker).await?.bytes().await })
+            .map_err(|e| err(url, format!("read {marker}: {e}")))?;
+        let writer = String::from_utf8_lossy(&writer).trim().to_string();
+        if writer.is_empty() || !writer.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(err(url, format!("{marker} does not name a writer")));
+        }
+        Ok(writer)
+    }
+
+    /// Delete the shared table files no complete checkpoint holds.
+    fn remove_unshared(&self) -> Result<()> {
+        let url = &self.inner.url;
+        let mut held = std::collections::HashSet::new();
+        for n in self.list()? {
+            // One that does not read is not restored either: what it holds may go.
+            let Ok(writer) = self.writer_of(n) else { continue };
+            held.extend(
+                self.shared_of(n, &writer).unwrap_or_default().into_iter().map(|(_, k)| k.to_string()),
+            );
+        }
+        let mut pending = vec![self.shared_dir()];
+        while let Some(dir) = pending.pop() {
+            let listed = self
+                .block(self.inner.store.list_with_delimiter(Some(&dir)))
+                .map_err(|e| err(url, format!("list {dir}: {e}")))?;
+            pending.extend(listed.common_prefixes);
+            for o in listed.objects.into_iter().filter(|o| !held.contains(o.location.as_ref())) {
+                match self.block(self.inner.store.delete(&o.location)) {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(err(url, format!("delete {}: {e}", o.location))),
+                }
+                if let Ok(mut s) = self.inner.shared.lock() {
+                    s.remove(o.location.as_ref());
+                }
+            }
+        }
+        Ok(())
     }
 
     fn chk(&self, n: u64) -> StorePath {
@@ -158,15 +246,36 @@ impl RemoteStore {
         let base = self.chk(n).child(self.inner.writer.as_str());
         let mut files = Vec::new();
         walk(local, Path::new(""), &mut files).map_err(|e| Error::io("list checkpoint", local, e))?;
+        let mut shared = String::new();
         for rel in files {
-            let bytes =
-                std::fs::read(local.join(&rel)).map_err(|e| Error::io("read checkpoint file", &rel, e))?;
+            let read =
+                || std::fs::read(local.join(&rel)).map_err(|e| Error::io("read checkpoint file", &rel, e));
+            let name = rel.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+            if name.ends_with(".sst") {
+                let key = self.shared_dir().child(self.inner.writer.as_str()).child(name.as_str());
+                let known = self.inner.shared.lock().is_ok_and(|s| s.contains(key.as_ref()));
+                if !known {
+                    self.block(self.inner.store.put(&key, PutPayload::from(read()?)))
+                        .map_err(|e| err(url, format!("upload {key}: {e}")))?;
+                    if let Ok(mut s) = self.inner.shared.lock() {
+                        s.insert(key.to_string());
+                    }
+                }
+                let rel: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+                shared.push_str(&format!("{}\t{key}\n", rel.join("/")));
+                continue;
+            }
             let mut to = base.clone();
             for part in rel.iter() {
                 to = to.child(part.to_string_lossy().as_ref());
             }
-            self.block(self.inner.store.put(&to, PutPayload::from(bytes)))
+            self.block(self.inner.store.put(&to, PutPayload::from(read()?)))
                 .map_err(|e| err(url, format!("upload {to}: {e}")))?;
+        }
+        if !shared.is_empty() {
+            let list = self.chk(n).child(format!("{}.shared", self.inner.writer));
+            self.block(self.inner.store.put(&list, PutPayload::from(shared)))
+                .map_err(|e| err(url, format!("upload {list}: {e}")))?;
         }
         // The deployed components it may run, before the checkpoint that needs them.
         if let Some(dir) = local.parent() {
@@ -269,14 +378,7 @@ impl RemoteStore {
     /// Fetch checkpoint `n` (its writer's files) into a folder under `cache`: its path.
     pub fn fetch(&self, n: u64, cache: &Path) -> Result<PathBuf> {
         let url = &self.inner.url;
-        let marker = self.chk(n).child(COMPLETE);
-        let writer = self
-            .block(async { self.inner.store.get(&marker).await?.bytes().await })
-            .map_err(|e| err(url, format!("read {marker}: {e}")))?;
-        let writer = String::from_utf8_lossy(&writer).trim().to_string();
-        if writer.is_empty() || !writer.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(err(url, format!("{marker} does not name a writer")));
-        }
+        let writer = self.writer_of(n)?;
         let to = cache.join(format!("chk-{n:06}-{writer}"));
         if to.is_dir() {
             return Ok(to);
@@ -299,18 +401,25 @@ impl RemoteStore {
                 if rel.is_empty() || rel.iter().any(|p| p == ".." || p.is_empty()) {
                     continue;
                 }
-                let path = rel.iter().fold(tmp.clone(), |p, part| p.join(part));
-                let bytes = self
-                    .block(async { self.inner.store.get(&o.location).await?.bytes().await })
-                    .map_err(|e| err(url, format!("download {}: {e}", o.location)))?;
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| Error::io("create folder", parent, e))?;
-                }
-                std::fs::write(&path, &bytes).map_err(|e| Error::io("write", &path, e))?;
+                self.download(&o.location, &rel.iter().fold(tmp.clone(), |p, part| p.join(part)))?;
             }
+        }
+        for (rel, key) in self.shared_of(n, &writer)? {
+            self.download(&key, &rel.split('/').fold(tmp.clone(), |p, part| p.join(part)))?;
         }
         std::fs::rename(&tmp, &to).map_err(|e| Error::io("rename fetched checkpoint", &to, e))?;
         Ok(to)
+    }
+
+    /// Write the object `key` to the file `path` (its folders made).
+    fn download(&self, key: &StorePath, path: &Path) -> Result<()> {
+        let bytes = self
+            .block(async { self.inner.store.get(key).await?.bytes().await })
+            .map_err(|e| err(&self.inner.url, format!("download {key}: {e}")))?;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io("create folder", parent, e))?;
+        }
+        std::fs::write(path, &bytes).map_err(|e| Error::io("write", path, e))
     }
 
     /// Delete checkpoint `n` (the marker first: a half-deleted one is not listed).
@@ -334,7 +443,7 @@ impl RemoteStore {
                 }
             }
         }
-        Ok(())
+        self.remove_unshared()
     }
 
     /// Record that checkpoint `n`'s epoch committed (transactional sinks).

@@ -467,6 +467,9 @@ impl S3 {
             ("AWS_ACCESS_KEY_ID", "km0-test".into()),
             ("AWS_SECRET_ACCESS_KEY", "km0-test".into()),
             ("AWS_DEFAULT_REGION", "us-east-1".into()),
+            // moto's server (Werkzeug) leaves a kept-alive connection unread now and then
+            // under load: a connection a request.
+            ("AWS_POOL_MAX_IDLE_PER_HOST", "0".into()),
         ]
     }
 

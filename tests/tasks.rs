@@ -240,6 +240,32 @@ fn a_savepoint_of_one_task_and_one_of_several_are_not_mixed_up() {
     assert!(!ok && err.contains("ran as one task"), "{err}");
 }
 
+/// Each partition's first `first` lines in a live file of its own (`dir/live-N.jsonl`):
+/// every partition's lines, and the live files.
+fn first_lines(dir: &Path, parts: &[PathBuf], first: usize) -> (Vec<Vec<String>>, Vec<PathBuf>) {
+    let lines: Vec<Vec<String>> = parts
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap().lines().map(|l| format!("{l}\n")).collect())
+        .collect();
+    let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.join(format!("live-{i}.jsonl"))).collect();
+    for (l, text) in live.iter().zip(&lines) {
+        std::fs::write(l, text[..first].concat()).unwrap();
+    }
+    (lines, live)
+}
+
+/// The rest of each partition's lines, after the first `first`, appended to its live file.
+fn rest_of_lines(live: &[PathBuf], lines: &[Vec<String>], first: usize) {
+    for (l, text) in live.iter().zip(lines) {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(l)
+            .unwrap()
+            .write_all(text[first..].concat().as_bytes())
+            .unwrap();
+    }
+}
+
 /// Appends each partition's lines to its live file, a chunk at a time.
 fn produce(parts: &[PathBuf], live: &[PathBuf]) -> std::thread::JoinHandle<()> {
     let texts: Vec<Vec<String>> = parts
@@ -407,14 +433,7 @@ fn a_live_swap_at_parallelism_2_gives_the_output_of_an_offline_deploy_at_the_sam
     const TOKEN: &str = "t4sks";
     let dir = tempfile::tempdir().unwrap();
     let parts = partitioned(dir.path(), 60_000, 23);
-    let lines: Vec<Vec<String>> = parts
-        .iter()
-        .map(|p| std::fs::read_to_string(p).unwrap().lines().map(|l| format!("{l}\n")).collect())
-        .collect();
-    let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.path().join(format!("live-{i}.jsonl"))).collect();
-    for (l, text) in live.iter().zip(&lines) {
-        std::fs::write(l, text[..FIRST].concat()).unwrap();
-    }
+    let (lines, live) = first_lines(dir.path(), &parts, FIRST);
     let extra = "[checkpoints]\ndir = \"chk\"\ninterval = \"300ms\"";
     let d = dir.path().join("live");
     let job = task_job(&d, &live, extra);
@@ -471,14 +490,7 @@ fn a_live_swap_at_parallelism_2_gives_the_output_of_an_offline_deploy_at_the_sam
     assert!(rollback.join("tasks.json").is_file() && rollback.join("task-3/savepoint.json").is_file());
     assert_eq!(status()["aggregations"][0]["plugin_version"], "0.2.0");
 
-    for (l, text) in live.iter().zip(&lines) {
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(l)
-            .unwrap()
-            .write_all(text[FIRST..].concat().as_bytes())
-            .unwrap();
-    }
+    rest_of_lines(&live, &lines, FIRST);
     wait_read(lines.iter().map(Vec::len).sum());
     let (code, body) =
         km0::control::client::call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap();
@@ -606,16 +618,9 @@ fn a_task_restored_from_the_s3_store_on_another_machine_runs_the_deployed_plugin
     let env = s3.env();
     let dir = tempfile::tempdir().unwrap();
     let parts = partitioned(dir.path(), 30_000, 37);
-    let lines: Vec<Vec<String>> = parts
-        .iter()
-        .map(|p| std::fs::read_to_string(p).unwrap().lines().map(|l| format!("{l}\n")).collect())
-        .collect();
-    let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.path().join(format!("live-{i}.jsonl"))).collect();
-    for (l, text) in live.iter().zip(&lines) {
-        std::fs::write(l, text[..FIRST].concat()).unwrap();
-    }
+    let (lines, live) = first_lines(dir.path(), &parts, FIRST);
     let d = dir.path().join("job");
-    let chk = "[checkpoints]\ndir = \"s3://km0/deployed\"\ninterval = \"100ms\"\n[state]\ndir = \"state\"";
+    let chk = "[checkpoints]\ndir = \"s3://km0/deployed\"\ninterval = \"2s\"\n[state]\ndir = \"state\"";
     let job = task_job(&d, &live, chk);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("http://127.0.0.1:{port}");
@@ -655,14 +660,7 @@ fn a_task_restored_from_the_s3_store_on_another_machine_runs_the_deployed_plugin
 
     // Another machine: no local state; the rest of the input; a bounded run.
     let _ = std::fs::remove_dir_all(d.join("state"));
-    for (l, text) in live.iter().zip(&lines) {
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(l)
-            .unwrap()
-            .write_all(text[FIRST..].concat().as_bytes())
-            .unwrap();
-    }
+    rest_of_lines(&live, &lines, FIRST);
     let err = km0_with(&["--parallelism", "2"], &job, &env);
     assert!(err.contains("resuming with the plugin the job ran"), "{err}");
     for (t, alerts) in task_outputs(&d).iter().step_by(3).enumerate() {

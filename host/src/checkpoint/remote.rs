@@ -67,13 +67,17 @@ impl RemoteStore {
         use object_store::aws::AmazonS3ConfigKey as Key;
         use object_store::ClientConfigKey as Client;
         // A request that hangs is given up after 10 s and retried (object_store's retries,
-        // up to 3 minutes), rather than after the default 30 s.
-        let store = object_store::aws::AmazonS3Builder::from_env()
-            .with_config(Key::Client(Client::Timeout), "10s")
-            .with_config(Key::Client(Client::ConnectTimeout), "3s")
-            .with_bucket_name(bucket)
-            .build()
-            .map_err(|e| err(url, e))?;
+        // up to 3 minutes), rather than after the default 30 s; `AWS_TIMEOUT` and
+        // `AWS_CONNECT_TIMEOUT` say otherwise.
+        let mut builder = object_store::aws::AmazonS3Builder::from_env();
+        for (var, key, value) in
+            [("AWS_TIMEOUT", Client::Timeout, "10s"), ("AWS_CONNECT_TIMEOUT", Client::ConnectTimeout, "3s")]
+        {
+            if std::env::var_os(var).is_none() {
+                builder = builder.with_config(Key::Client(key), value);
+            }
+        }
+        let store = builder.with_bucket_name(bucket).build().map_err(|e| err(url, e))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -148,7 +152,6 @@ impl RemoteStore {
 
     /// Delete the shared table files no complete checkpoint holds.
     fn remove_unshared(&self) -> Result<()> {
-        let url = &self.inner.url;
         let mut held = std::collections::HashSet::new();
         for n in self.list()? {
             // One that does not read is not restored either: what it holds may go.
@@ -157,20 +160,12 @@ impl RemoteStore {
                 self.shared_of(n, &writer).unwrap_or_default().into_iter().map(|(_, k)| k.to_string()),
             );
         }
-        let mut pending = vec![self.shared_dir()];
-        while let Some(dir) = pending.pop() {
-            let listed = self
-                .block(self.inner.store.list_with_delimiter(Some(&dir)))
-                .map_err(|e| err(url, format!("list {dir}: {e}")))?;
-            pending.extend(listed.common_prefixes);
-            for o in listed.objects.into_iter().filter(|o| !held.contains(o.location.as_ref())) {
-                match self.block(self.inner.store.delete(&o.location)) {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(err(url, format!("delete {}: {e}", o.location))),
-                }
-                if let Ok(mut s) = self.inner.shared.lock() {
-                    s.remove(o.location.as_ref());
-                }
+        for o in
+            self.objects_under(self.shared_dir())?.into_iter().filter(|o| !held.contains(o.location.as_ref()))
+        {
+            self.delete(&o.location)?;
+            if let Ok(mut s) = self.inner.shared.lock() {
+                s.remove(o.location.as_ref());
             }
         }
         Ok(())
@@ -377,7 +372,6 @@ impl RemoteStore {
 
     /// Fetch checkpoint `n` (its writer's files) into a folder under `cache`: its path.
     pub fn fetch(&self, n: u64, cache: &Path) -> Result<PathBuf> {
-        let url = &self.inner.url;
         let writer = self.writer_of(n)?;
         let to = cache.join(format!("chk-{n:06}-{writer}"));
         if to.is_dir() {
@@ -386,29 +380,44 @@ impl RemoteStore {
         let tmp = cache.join(format!(".chk-{n:06}-{writer}.tmp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         let base = self.chk(n).child(writer.as_str());
-        let mut pending = vec![base.clone()];
-        while let Some(dir) = pending.pop() {
-            let listed = self
-                .block(self.inner.store.list_with_delimiter(Some(&dir)))
-                .map_err(|e| err(url, format!("list {dir}: {e}")))?;
-            pending.extend(listed.common_prefixes);
-            for o in listed.objects {
-                let rel: Vec<String> = o
-                    .location
-                    .prefix_match(&base)
-                    .map(|parts| parts.map(|p| p.as_ref().to_string()).collect())
-                    .unwrap_or_default();
-                if rel.is_empty() || rel.iter().any(|p| p == ".." || p.is_empty()) {
-                    continue;
-                }
-                self.download(&o.location, &rel.iter().fold(tmp.clone(), |p, part| p.join(part)))?;
+        for o in self.objects_under(base.clone())? {
+            let rel: Vec<String> = o
+                .location
+                .prefix_match(&base)
+                .map(|parts| parts.map(|p| p.as_ref().to_string()).collect())
+                .unwrap_or_default();
+            if rel.is_empty() || rel.iter().any(|p| p == ".." || p.is_empty()) {
+                continue;
             }
+            self.download(&o.location, &rel.iter().fold(tmp.clone(), |p, part| p.join(part)))?;
         }
         for (rel, key) in self.shared_of(n, &writer)? {
             self.download(&key, &rel.split('/').fold(tmp.clone(), |p, part| p.join(part)))?;
         }
         std::fs::rename(&tmp, &to).map_err(|e| Error::io("rename fetched checkpoint", &to, e))?;
         Ok(to)
+    }
+
+    /// Delete `path` (gone already is as good).
+    fn delete(&self, path: &StorePath) -> Result<()> {
+        match self.block(self.inner.store.delete(path)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(err(&self.inner.url, format!("delete {path}: {e}"))),
+        }
+    }
+
+    /// Every object under `dir`, at any depth.
+    fn objects_under(&self, dir: StorePath) -> Result<Vec<object_store::ObjectMeta>> {
+        let mut out = Vec::new();
+        let mut pending = vec![dir];
+        while let Some(dir) = pending.pop() {
+            let listed = self
+                .block(self.inner.store.list_with_delimiter(Some(&dir)))
+                .map_err(|e| err(&self.inner.url, format!("list {dir}: {e}")))?;
+            pending.extend(listed.common_prefixes);
+            out.extend(listed.objects);
+        }
+        Ok(out)
     }
 
     /// Write the object `key` to the file `path` (its folders made).
@@ -424,24 +433,10 @@ impl RemoteStore {
 
     /// Delete checkpoint `n` (the marker first: a half-deleted one is not listed).
     pub fn remove(&self, n: u64) -> Result<()> {
-        let url = &self.inner.url;
         let chk = self.chk(n);
-        match self.block(self.inner.store.delete(&chk.child(COMPLETE))) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(err(url, format!("delete {chk}: {e}"))),
-        }
-        let mut pending = vec![chk];
-        while let Some(dir) = pending.pop() {
-            let listed = self
-                .block(self.inner.store.list_with_delimiter(Some(&dir)))
-                .map_err(|e| err(url, format!("list {dir}: {e}")))?;
-            pending.extend(listed.common_prefixes);
-            for o in listed.objects {
-                match self.block(self.inner.store.delete(&o.location)) {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(err(url, format!("delete {}: {e}", o.location))),
-                }
-            }
+        self.delete(&chk.child(COMPLETE))?;
+        for o in self.objects_under(chk)? {
+            self.delete(&o.location)?;
         }
         self.remove_unshared()
     }

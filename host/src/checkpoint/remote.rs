@@ -438,7 +438,12 @@ impl RemoteStore {
         for o in self.objects_under(chk)? {
             self.delete(&o.location)?;
         }
-        self.remove_unshared()
+        // Only a writer of table files (RocksDB) has shared files to let go: it has put
+        // some by now, and what a writer before it put is let go here too.
+        if self.inner.shared.lock().is_ok_and(|s| !s.is_empty()) {
+            self.remove_unshared()?;
+        }
+        Ok(())
     }
 
     /// Record that checkpoint `n`'s epoch committed (transactional sinks).

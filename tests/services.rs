@@ -147,30 +147,7 @@ impl Tansu {
     /// Produce `records` keyed by `key(record)`, each to `partition(record)` (explicit,
     /// so the test knows which partition holds what); waits until all are acknowledged.
     pub fn produce(&self, topic: &str, records: &[(i32, Option<String>, Vec<u8>)]) {
-        let producer: ThreadedProducer<DefaultProducerContext> = self
-            .config()
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "20")
-            .set("queue.buffering.max.messages", "1000000")
-            .create()
-            .unwrap();
-        for (p, key, value) in records {
-            let mut r = BaseRecord::<String, Vec<u8>>::to(topic).partition(*p).payload(value);
-            if let Some(k) = key {
-                r = r.key(k);
-            }
-            loop {
-                match producer.send(r) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        r = back;
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
-            }
-        }
-        producer.flush(Duration::from_secs(120)).unwrap();
+        produce(&self.brokers, topic, records)
     }
 
     /// Every record of `topic`, per partition in offset order: (partition, offset, key,
@@ -260,6 +237,34 @@ impl Tansu {
             })
             .collect()
     }
+}
+
+/// [`Tansu::produce`] to the broker at `brokers` (from another thread).
+pub fn produce(brokers: &str, topic: &str, records: &[(i32, Option<String>, Vec<u8>)]) {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "20")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .unwrap();
+    for (p, key, value) in records {
+        let mut r = BaseRecord::<String, Vec<u8>>::to(topic).partition(*p).payload(value);
+        if let Some(k) = key {
+            r = r.key(k);
+        }
+        loop {
+            match producer.send(r) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    r = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120)).unwrap();
 }
 
 impl Drop for Tansu {

@@ -47,6 +47,11 @@ pub enum Error {
         refusal: Box<Refusal>,
     },
 
+    /// Another process took a task's checkpoint store (it owns the task now): this one
+    /// must not write there any more.
+    #[error("checkpoint store {store}: {message}")]
+    Fenced { store: String, message: String },
+
     /// A Kafka client could not do its part (connect, read, write, commit).
     #[error("kafka ({brokers}): {message}")]
     Kafka { brokers: String, message: String },

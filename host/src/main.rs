@@ -426,6 +426,7 @@ fn options(args: RunArgs, from_savepoint: Option<PathBuf>) -> RunOptions {
         no_recover: args.no_recover,
         control: None,
         parallelism: args.parallelism.map(|n| n as usize),
+        committer: None,
     }
 }
 

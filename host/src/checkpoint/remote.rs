@@ -154,11 +154,17 @@ impl RemoteStore {
     fn remove_unshared(&self) -> Result<()> {
         let mut held = std::collections::HashSet::new();
         for n in self.list()? {
-            // One that does not read is not restored either: what it holds may go.
-            let Ok(writer) = self.writer_of(n) else { continue };
-            held.extend(
-                self.shared_of(n, &writer).unwrap_or_default().into_iter().map(|(_, k)| k.to_string()),
-            );
+            // A checkpoint whose list does not read now (the store slow or down for a
+            // moment, or the checkpoint corrupt until retention removes it) keeps every
+            // file: they go at a later prune. A checkpoint's files are never removed
+            // while it may be restored.
+            match self.writer_of(n).and_then(|w| self.shared_of(n, &w)) {
+                Ok(files) => held.extend(files.into_iter().map(|(_, k)| k.to_string())),
+                Err(e) => {
+                    tracing::warn!(checkpoint = n, error = %e, "shared table files kept: a checkpoint's list does not read");
+                    return Ok(());
+                }
+            }
         }
         for o in
             self.objects_under(self.shared_dir())?.into_iter().filter(|o| !held.contains(o.location.as_ref()))
@@ -226,14 +232,14 @@ impl RemoteStore {
             match self.block(self.inner.store.head(&next)) {
                 Err(object_store::Error::NotFound { .. }) => {}
                 Ok(_) => {
-                    return Err(err(
-                        url,
-                        format!(
+                    return Err(Error::Fenced {
+                        store: url.clone(),
+                        message: format!(
                             "another process took the task (generation {} after this one's {g}): this one no \
                              longer owns it (fenced)",
                             g + 1
                         ),
-                    ))
+                    })
                 }
                 Err(e) => return Err(err(url, format!("look at {next}: {e}"))),
             }
@@ -280,13 +286,13 @@ impl RemoteStore {
         let create = PutOptions { mode: PutMode::Create, ..Default::default() };
         match self.block(self.inner.store.put_opts(&marker, PutPayload::from(self.inner.writer.clone()), create)) {
             Ok(_) => Ok(()),
-            Err(object_store::Error::AlreadyExists { .. }) => Err(err(
-                url,
-                format!(
+            Err(object_store::Error::AlreadyExists { .. }) => Err(Error::Fenced {
+                store: url.clone(),
+                message: format!(
                     "checkpoint chk-{n:06} was completed by another process: this one no longer owns the task \
                      (fenced)"
                 ),
-            )),
+            }),
             Err(e) => Err(err(url, format!("complete {marker}: {e}"))),
         }
     }

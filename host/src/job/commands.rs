@@ -203,8 +203,24 @@ pub struct JobStatus {
     /// `[epoch ms, records read]` about every second over the last 5 minutes, oldest
     /// first (the UI's throughput chart).
     pub throughput: Vec<(i64, u64)>,
-    /// The job's tasks, when its partitions are tasks (`watermark = "per-partition"`).
+    /// The job's tasks, when its partitions are tasks (`watermark = "per-partition"`):
+    /// in a consumer group, those this process owns.
     pub tasks: Vec<TaskStatus>,
+    /// This process in the job's consumer group, when it shares its partitions with one.
+    pub group: Option<GroupStatus>,
+}
+
+/// A process's membership of its job's consumer group.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GroupStatus {
+    pub group: String,
+    /// The id the group coordinator gave this process (empty until it joined).
+    pub member_id: String,
+    /// The partitions this process owns (`topic/partition`).
+    pub partitions: Vec<String>,
+    /// Partitions assigned to it and revoked from it since it started.
+    pub assigned: u64,
+    pub revoked: u64,
 }
 
 /// One task of a job whose partitions are tasks.

@@ -19,6 +19,7 @@
 
 mod checkpoints;
 pub mod commands;
+mod membership;
 mod port;
 mod route;
 mod running;
@@ -76,6 +77,10 @@ pub struct RunOptions {
     pub control: Option<commands::ControlHandle>,
     /// Threads that run the job's tasks (`--parallelism`; overrides `[job] parallelism`).
     pub parallelism: Option<usize>,
+    /// A task of a job that shares its partitions with a consumer group: its offsets are
+    /// committed through the process's member, and a stop signal is the member's to act
+    /// on (it hands the tasks over), not the task's.
+    pub committer: Option<crate::source::group::Committer>,
 }
 
 /// One aggregation at the end of a run.
@@ -90,7 +95,7 @@ pub struct OperatorSummary {
 }
 
 /// How a run ended.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Summary {
     pub counters: Counters,
     pub operators: Vec<OperatorSummary>,

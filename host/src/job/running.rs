@@ -61,6 +61,8 @@ pub(super) struct RunningJob<'p> {
     restore_time: Duration,
     t0: Instant,
     cpu0: Duration,
+    /// A task of a job shared with a consumer group (stops are hand-overs).
+    in_group: bool,
 }
 
 impl<'p> RunningJob<'p> {
@@ -107,6 +109,9 @@ impl<'p> RunningJob<'p> {
             k.keep_message_keys(key.clone());
             job.confined = Some(super::route::Confined { names: pipeline.partitioned_by.clone(), key });
         }
+        if let (Some(member), Source::Kafka(k)) = (&opts.committer, &mut source) {
+            k.commit_through(member.clone());
+        }
         let checkpoints = open_checkpoints(pipeline, &mut job)?;
         place_partitions(pipeline, &mut job, &source, restore.is_some());
         // Sinks are opened only once everything above has been checked.
@@ -146,6 +151,7 @@ impl<'p> RunningJob<'p> {
             restore_time,
             t0,
             cpu0: metrics::thread_cpu_time(),
+            in_group: opts.committer.is_some(),
         })
     }
 
@@ -205,12 +211,18 @@ impl<'p> RunningJob<'p> {
                 self.idle_loops = 0;
                 self.after_records()
             }
-            Framed::End if self.follow && super::signals::stop_requested() => {
+            Framed::End if self.follow && !self.in_group && super::signals::stop_requested() => {
                 Ok(Step::Stopped(StopMode::Savepoint))
             }
             Framed::End if self.follow => self.idle(),
             Framed::End => Ok(Step::Ended),
         }
+    }
+
+    /// A stop signal came, and it is this job's to act on (a task of a job shared with a
+    /// consumer group is handed over by the process's member instead).
+    fn stop_signalled(&self) -> bool {
+        !self.in_group && super::signals::stop_requested()
     }
 
     /// The commands waiting, served by the control port; a stop asked for (with its
@@ -242,7 +254,7 @@ impl<'p> RunningJob<'p> {
     /// at after a run of up to 1024).
     fn after_records(&mut self) -> Result<Step> {
         let read = self.source.records();
-        if self.stop_after.is_some_and(|n| read - self.read_before >= n) || super::signals::stop_requested() {
+        if self.stop_after.is_some_and(|n| read - self.read_before >= n) || self.stop_signalled() {
             return Ok(Step::Stopped(StopMode::Savepoint));
         }
         if self.checkpoints.as_ref().is_some_and(|c| c.due(read)) {
@@ -416,6 +428,7 @@ impl<'p> RunningJob<'p> {
             sink_in_flight: job.output.as_ref().and_then(ResultSink::in_flight).map(|n| n as u64),
             throughput: Vec::new(),
             tasks: Vec::new(),
+            group: None,
         }
     }
 
@@ -447,7 +460,28 @@ impl<'p> RunningJob<'p> {
         if let Some(handle) = &self.control {
             handle.set_state(JobState::Stopped);
         }
-        Ok(self.summary())
+        Ok(self.summary(true))
+    }
+
+    /// Let the task go (its partition was revoked): with `checkpoint`, what it has read is
+    /// checkpointed and committed first, so that the next owner restores from here; without
+    /// (the partition is already another's), it is dropped as a crash would drop it. Open
+    /// windows are not fired: they go on with the next owner.
+    pub(super) fn release(mut self, checkpoint: bool) -> Result<Summary> {
+        if checkpoint {
+            self.complete_snapshot(true)?;
+            self.checkpoint()?;
+            self.complete_snapshot(true)?;
+        }
+        if let Some(mut port) = self.port.take() {
+            port.answer_pending(&self, true);
+            port.send_answers();
+        }
+        if let Some(handle) = &self.control {
+            handle.refuse_waiting("the task moved to another process of the group");
+            handle.set_state(JobState::Stopped);
+        }
+        Ok(self.summary(false))
     }
 
     /// The savepoint a stop ends with (unless the stop command's was written already).
@@ -485,7 +519,8 @@ impl<'p> RunningJob<'p> {
         Ok(())
     }
 
-    fn summary(self) -> Summary {
+    /// What the run did; with `lag`, the consumer lag at its end (asked of the brokers).
+    fn summary(self, lag: bool) -> Summary {
         let job = &self.job;
         let operators: Vec<OperatorSummary> = job
             .ops
@@ -515,10 +550,14 @@ impl<'p> RunningJob<'p> {
             checkpoint_pause_max: self.stats.max,
             checkpoint_pause_total: self.stats.total,
             savepoint_pause: self.savepoint_pause,
-            lag: self.source.lag().unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "could not read the consumer lag");
+            lag: if lag {
+                self.source.lag().unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "could not read the consumer lag");
+                    Vec::new()
+                })
+            } else {
                 Vec::new()
-            }),
+            },
             backpressure_pauses: job.backpressure.0,
         }
     }
@@ -586,11 +625,13 @@ fn open_sinks(
     // A transactional sink's id is stable per job, so a restart fences its predecessor.
     // Each task of a job has its own (a task is restored alone, by whoever runs it next).
     let txn_id = format!("km0-{}", pipeline.instance_name());
+    let file = |name: &'static str, path: &Path| match &opts.committer {
+        Some(_) => JsonlSink::open_in_group(name, path, sink_pos(name).as_ref()),
+        None => JsonlSink::open(name, path, sink_pos(name).as_ref()),
+    };
     job.output = Some(match (&opts.output, &pipeline.sink) {
-        (Some(p), _) => ResultSink::Jsonl(JsonlSink::open("output", p, sink_pos("output").as_ref())?),
-        (None, SinkSpec::File { path }) => {
-            ResultSink::Jsonl(JsonlSink::open("output", path, sink_pos("output").as_ref())?)
-        }
+        (Some(p), _) => ResultSink::Jsonl(file("output", p)?),
+        (None, SinkSpec::File { path }) => ResultSink::Jsonl(file("output", path)?),
         (None, SinkSpec::Stdout) => ResultSink::Jsonl(JsonlSink::stdout("output")),
         (None, SinkSpec::Kafka { target, mode, max_in_flight }) => {
             let mut sink = KafkaSink::open(target, *mode, &txn_id)?;
@@ -611,11 +652,9 @@ fn open_sinks(
             ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.instance_name(), &start)?)
         }
     });
-    job.late = Some(JsonlSink::open("late", &pipeline.late, sink_pos("late").as_ref())?);
+    job.late = Some(file("late", &pipeline.late)?);
     job.dead = Some(match &pipeline.dead_letter {
-        DeadLetterSpec::File(path) => {
-            DeadLetterSink::Jsonl(JsonlSink::open("dead_letter", path, sink_pos("dead_letter").as_ref())?)
-        }
+        DeadLetterSpec::File(path) => DeadLetterSink::Jsonl(file("dead_letter", path)?),
         DeadLetterSpec::Kafka(target) => {
             DeadLetterSink::Kafka(KafkaSink::open(target, crate::pipeline::KafkaSinkMode::Upsert, &txn_id)?)
         }

@@ -13,13 +13,15 @@
 //! subfolder per task.
 
 use super::commands::{Command, ControlHandle, Deployed, JobState, JobStatus, Refused, StopMode, TaskStatus};
+use super::membership::{self, Membership, Order};
 use super::running::{savepoint_path, RunningJob, Step};
 use super::*;
 use crate::checkpoint::savepoint::TaskEntry;
 use crate::pipeline::{folder_name, SourceSpec, WatermarkScope};
+use crate::source::group::{GroupMember, TopicPartition};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Opens a task: a run resumed or fresh, or a deploy from the task's savepoint.
 pub(super) type Open<'o> = dyn for<'a> Fn(&'a Pipeline, &RunOptions) -> Result<RunningJob<'a>> + Sync + 'o;
@@ -76,6 +78,14 @@ pub(super) fn plan(pipeline: &Pipeline, opts: &RunOptions) -> Result<Vec<Task>> 
         }
     }
     Ok(tasks)
+}
+
+/// The Kafka partition a task of a Kafka job reads.
+fn kafka_partition(task: &Pipeline) -> TopicPartition {
+    match &task.source {
+        SourceSpec::Kafka(k) => k.only.clone().unwrap_or_default(),
+        SourceSpec::File { .. } => TopicPartition::default(),
+    }
 }
 
 fn file_task(pipeline: &Pipeline, name: &str, path: &Path) -> Task {
@@ -144,6 +154,10 @@ fn task_savepoints(sp: &Path, tasks: &[Task]) -> Result<(Vec<Option<PathBuf>>, V
 /// tasks), each opened by `open`; their summaries summed, and their savepoints one job
 /// savepoint.
 pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result<Summary> {
+    let in_group = membership::shares_group(pipeline, opts);
+    if in_group {
+        membership::check(pipeline, opts)?;
+    }
     let mut tasks = plan(pipeline, opts)?;
     let mut restore = vec![None; tasks.len()];
     if let Some(sp) = &opts.from_savepoint {
@@ -172,6 +186,18 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let threads = opts.parallelism.or(pipeline.parallelism).unwrap_or(cores).clamp(1, tasks.len());
     let sp_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
+    let failed = Arc::new(AtomicBool::new(false));
+    // In a consumer group the group decides which tasks run here, and when.
+    let (membership, mut inboxes, member) = match (&pipeline.source, in_group) {
+        (SourceSpec::Kafka(k), true) => {
+            let parts = tasks.iter().map(|t| kafka_partition(&t.pipeline)).collect();
+            let (m, inboxes) = Membership::new(&k.group, parts, threads, failed.clone());
+            let member = GroupMember::join(k, m.clone())?;
+            (Some(m), inboxes.into_iter().map(Some).collect(), Some(member))
+        }
+        _ => (None, (0..threads).map(|_| None).collect::<Vec<_>>(), None),
+    };
+    let committer = member.as_ref().map(GroupMember::committer);
     let task_opts: Vec<RunOptions> = tasks
         .iter()
         .zip(restore)
@@ -181,10 +207,13 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
             from_savepoint: from,
             control: opts.control.as_ref().map(|_| ControlHandle::new()),
             parallelism: None,
+            committer: committer.clone(),
             ..opts.clone()
         })
         .collect();
-    tracing::info!(pipeline = %pipeline.name, tasks = tasks.len(), threads, "job started as tasks");
+    tracing::info!(pipeline = %pipeline.name, tasks = tasks.len(), threads, in_group, "job started as tasks");
+    let leave = AtomicBool::new(false);
+    let finished = AtomicBool::new(member.is_none());
     let fan = opts.control.clone().map(|outer| Fan {
         outer,
         tasks: tasks
@@ -198,24 +227,37 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
                     thread: i % threads,
                     handle: o.control.clone()?,
                     checkpoints: t.pipeline.checkpoints.as_ref().map(|c| c.dir.clone()),
+                    owned: membership.as_ref().map(|m| m.owned[i].clone()),
                 })
             })
             .collect(),
+        membership: membership.clone(),
+        leave: &leave,
         pipeline: pipeline.name.clone(),
         sp_dir: sp_dir.clone(),
         done: AtomicBool::new(false),
         stop: Mutex::new(None),
     });
-    let failed = AtomicBool::new(false);
-    let (tasks_ref, opts_ref, failed_ref) = (&tasks, &task_opts, &failed);
+    let (tasks_ref, opts_ref, failed_ref, finished_ref) = (&tasks, &task_opts, &*failed, &finished);
     let outcomes: Vec<std::thread::Result<Result<Driven>>> = std::thread::scope(|s| {
         let fan_thread = fan.as_ref().map(|f| s.spawn(move || f.serve()));
+        let member_thread = member.zip(membership.clone()).map(|(member, m)| {
+            let (leave, failed, finished) = (&leave, failed_ref, finished_ref);
+            s.spawn(move || membership::serve(member, &m, leave, failed, finished))
+        });
         let workers: Vec<_> = (0..threads)
             .map(|t| {
-                let mine: Vec<usize> = (t..tasks_ref.len()).step_by(threads).collect();
+                // In a group, the group assigns the tasks (orders come in the inbox).
+                let inbox = inboxes[t].take();
+                let mine: Vec<usize> = if inbox.is_some() {
+                    Vec::new()
+                } else {
+                    (t..tasks_ref.len()).step_by(threads).collect()
+                };
+                let thread = Thread { mine, inbox, finished: finished_ref };
                 std::thread::Builder::new()
                     .name(format!("km0-task-thread-{t}"))
-                    .spawn_scoped(s, move || drive(&mine, tasks_ref, opts_ref, open, failed_ref))
+                    .spawn_scoped(s, move || drive(thread, tasks_ref, opts_ref, open, failed_ref))
             })
             .collect();
         let out = workers
@@ -229,6 +271,9 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
             f.done.store(true, Ordering::SeqCst);
         }
         if let Some(t) = fan_thread {
+            let _ = t.join();
+        }
+        if let Some(t) = member_thread {
             let _ = t.join();
         }
         out
@@ -250,7 +295,7 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     let stop_reply = fan.as_ref().and_then(|f| f.stop.lock().ok().and_then(|mut s| s.take()));
     let result = match first_error {
         Some(e) => Err(e),
-        None => finish(pipeline, &tasks, parts, &sp_dir, cpu, elapsed),
+        None => finish(pipeline, &tasks, parts, &sp_dir, (cpu, elapsed), in_group),
     };
     if let Some((reply, answers)) = stop_reply {
         let refused = answers.iter().find_map(|rx| match rx.recv_timeout(Duration::from_secs(1)) {
@@ -264,6 +309,14 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
         });
     }
     result
+}
+
+/// One thread's share of the tasks: those it runs from the start, or (in a consumer group)
+/// the orders that give it tasks and take them away, until the process has left the group.
+struct Thread<'a> {
+    mine: Vec<usize>,
+    inbox: Option<Receiver<Order>>,
+    finished: &'a AtomicBool,
 }
 
 /// What one thread did: its tasks' summaries, its CPU time and how long it ran.
@@ -281,6 +334,14 @@ struct TaskPort {
     handle: ControlHandle,
     /// Where its checkpoints go (a deployed component is stored there).
     checkpoints: Option<PathBuf>,
+    /// Whether this process owns it now (a job in a consumer group; else always).
+    owned: Option<Arc<AtomicBool>>,
+}
+
+impl TaskPort {
+    fn owned(&self) -> bool {
+        self.owned.as_ref().is_none_or(|o| o.load(Ordering::SeqCst))
+    }
 }
 
 /// Steps a task takes in a row on its thread before the next task's turn (up to ~64 000
@@ -294,7 +355,7 @@ const TURN: usize = 64;
 /// job: every thread leaves its tasks where they are (as a crash would; each recovers
 /// from its checkpoints).
 fn drive(
-    mine: &[usize],
+    thread: Thread,
     tasks: &[Task],
     opts: &[RunOptions],
     open: &Open,
@@ -305,8 +366,8 @@ fn drive(
         tracing::error!(task, error = %e, "task failed; the job stops");
         e
     };
-    let mut live = Vec::with_capacity(mine.len());
-    for &i in mine {
+    let mut live = Vec::with_capacity(thread.mine.len());
+    for &i in &thread.mine {
         if failed.load(Ordering::SeqCst) {
             return Err(Error::Usage("another task failed".into()));
         }
@@ -315,10 +376,56 @@ fn drive(
         live.push((i, job, step));
     }
     let (cpu0, t0) = (metrics::thread_cpu_time(), Instant::now());
-    let mut summaries = Vec::with_capacity(mine.len());
-    while !live.is_empty() {
+    let mut summaries = Vec::with_capacity(thread.mine.len());
+    loop {
         if failed.load(Ordering::SeqCst) {
             return Err(Error::Usage("another task failed".into()));
+        }
+        if let Some(inbox) = &thread.inbox {
+            // A thread with nothing to run waits for the group to give it a task.
+            let first = if live.is_empty() {
+                if thread.finished.load(Ordering::SeqCst) {
+                    break;
+                }
+                inbox.recv_timeout(Duration::from_millis(20)).ok()
+            } else {
+                None
+            };
+            for order in first.into_iter().chain(inbox.try_iter()) {
+                match order {
+                    Order::Open(i) => {
+                        if let Some(h) = &opts[i].control {
+                            h.closed.store(false, Ordering::SeqCst);
+                        }
+                        let job = open(&tasks[i].pipeline, &opts[i]).map_err(|e| fail(e, &tasks[i].name))?;
+                        let step = job.first_step();
+                        live.push((i, job, step));
+                    }
+                    Order::Release { task, checkpoint, done } => {
+                        if let Some(k) = live.iter().position(|(i, _, _)| *i == task) {
+                            let (i, job, _) = live.remove(k);
+                            match job.release(checkpoint) {
+                                Ok(s) => summaries.push((i, s)),
+                                // As if the process had crashed for this task: the next
+                                // owner recovers its newest complete checkpoint.
+                                Err(e) => {
+                                    tracing::warn!(task = %tasks[i].name, error = %e, "the task's hand-over checkpoint failed")
+                                }
+                            }
+                            if let Some(h) = &opts[i].control {
+                                membership::close_port(h);
+                            }
+                            tracing::info!(task = %tasks[i].name, checkpointed = checkpoint, "task handed over");
+                        }
+                        drop(done);
+                    }
+                }
+            }
+            if live.is_empty() {
+                continue;
+            }
+        } else if live.is_empty() {
+            break;
         }
         let (mut going, mut wait) = (false, Duration::MAX);
         let mut k = 0;
@@ -327,14 +434,33 @@ fn drive(
             // A turn is up to TURN steps (of up to 1 024 records each): a task's keys and
             // windows stay in the caches for a while before the next task's replace them.
             let mut next = *step;
+            let mut fenced = None;
             for _ in 0..TURN {
                 if !matches!(next, Step::Going | Step::Idle(_)) {
                     break;
                 }
-                next = job.step().map_err(|e| fail(e, &tasks[*i].name))?;
+                match job.step() {
+                    Ok(s) => next = s,
+                    // In a group, another process took the task (the group moved its
+                    // partition while this one still ran it): it is dropped here, as a
+                    // crash would drop it, and goes on there.
+                    Err(e @ Error::Fenced { .. }) if thread.inbox.is_some() => {
+                        fenced = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(fail(e, &tasks[*i].name)),
+                }
                 if next != Step::Going {
                     break;
                 }
+            }
+            if let Some(e) = fenced {
+                let (i, _, _) = live.remove(k);
+                tracing::warn!(task = %tasks[i].name, error = %e, "task dropped: another process owns it now");
+                if let Some(h) = &opts[i].control {
+                    membership::close_port(h);
+                }
+                continue;
             }
             match next {
                 Step::Ended | Step::Stopped(_) => {
@@ -366,8 +492,8 @@ fn finish(
     tasks: &[Task],
     mut parts: Vec<(usize, Summary)>,
     sp_dir: &Path,
-    cpu: Duration,
-    elapsed: Duration,
+    (cpu, elapsed): (Duration, Duration),
+    in_group: bool,
 ) -> Result<Summary> {
     parts.sort_by_key(|(i, _)| *i);
     let saved: Vec<(TaskEntry, Option<PathBuf>)> = parts
@@ -384,6 +510,10 @@ fn finish(
         .collect();
     let mut iter = parts.into_iter().map(|(_, s)| s);
     let Some(mut sum) = iter.next() else {
+        if in_group {
+            // The group gave this process no partition while it ran.
+            return Ok(Summary { cpu, elapsed, ..Summary::default() });
+        }
         return Err(Error::Usage("the job ran no task".into()));
     };
     for s in iter {
@@ -420,19 +550,22 @@ fn finish(
 
 /// The control port of a job of tasks: commands fanned out to every task's port and
 /// their replies joined; the tasks' statuses published as the job's.
-struct Fan {
+struct Fan<'a> {
     outer: ControlHandle,
     tasks: Vec<TaskPort>,
     pipeline: String,
     sp_dir: PathBuf,
     done: AtomicBool,
+    /// The job's share in a consumer group, and the flag that makes the process leave it.
+    membership: Option<Arc<Membership>>,
+    leave: &'a AtomicBool,
     /// A stop's reply, sent when the job has finished, and the tasks' answers.
     #[allow(clippy::type_complexity)]
     stop:
         Mutex<Option<(super::port::StopReply, Vec<Receiver<std::result::Result<Option<PathBuf>, Refused>>>)>>,
 }
 
-impl Fan {
+impl Fan<'_> {
     fn serve(&self) {
         let t0 = Instant::now();
         let mut samples: std::collections::VecDeque<(i64, u64)> = Default::default();
@@ -481,6 +614,14 @@ impl Fan {
 
     /// A savepoint of every task, then one job savepoint of them.
     fn savepoint(&self) -> std::result::Result<PathBuf, Refused> {
+        if let Some(m) = &self.membership {
+            return Err(Refused::Closed(format!(
+                "this process holds only its share of the tasks of consumer group {:?}: their state is in their \
+                 checkpoints, which every process restores from; a job savepoint is taken of a job that runs alone \
+                 (`bounded = true`, or a job whose watermark is the job's)",
+                m.group
+            )));
+        }
         let mut saved = Vec::new();
         let asked: Vec<_> = self
             .tasks
@@ -523,7 +664,7 @@ impl Fan {
             return Err(Refused::Closed("this job takes no live deploys".into()));
         };
         let live: Vec<&TaskPort> =
-            self.tasks.iter().filter(|t| !t.handle.closed.load(Ordering::SeqCst)).collect();
+            self.tasks.iter().filter(|t| t.owned() && !t.handle.closed.load(Ordering::SeqCst)).collect();
         let mut each = Vec::with_capacity(live.len());
         for t in &live {
             each.push(deployer.again(&d, t.checkpoints.as_deref())?);
@@ -582,6 +723,16 @@ impl Fan {
     /// A stop sent to every task; answered with the job savepoint once the job finished.
     fn stop(&self, mode: StopMode, reply: super::port::StopReply) {
         let mut answers = Vec::new();
+        if self.membership.is_some() {
+            // The process leaves the group: its tasks hand over (checkpointed) and go on
+            // in the other processes; no savepoint.
+            self.leave.store(true, Ordering::SeqCst);
+            self.outer.set_state(JobState::Stopping);
+            if let Ok(mut s) = self.stop.lock() {
+                *s = Some((reply, answers));
+            }
+            return;
+        }
         for t in &self.tasks {
             let (tx, rx) = std::sync::mpsc::channel();
             let h = &t.handle;
@@ -600,13 +751,16 @@ impl Fan {
         let mut job = JobStatus { pipeline: self.pipeline.clone(), ..JobStatus::default() };
         let mut first = true;
         let mut states = Vec::new();
-        for t in &self.tasks {
+        for (i, t) in self.tasks.iter().enumerate() {
+            if !t.owned() {
+                continue;
+            }
             let s = t.handle.status();
             states.push(s.state);
             job.tasks.push(TaskStatus {
                 task: t.name.clone(),
                 partition: t.partition.clone(),
-                thread: t.thread,
+                thread: self.membership.as_ref().and_then(|m| m.thread_of(i)).unwrap_or(t.thread),
                 state: s.state,
                 watermark: s.watermark,
                 read: s.counters.read,
@@ -653,7 +807,14 @@ impl Fan {
         job.recent_side_outputs.sort_by_key(|r| r.at_ms);
         let keep = job.recent_side_outputs.len().saturating_sub(super::commands::RECENT_SIDE_RECORDS);
         job.recent_side_outputs.drain(..keep);
-        job.state = if states.iter().all(|s| *s == JobState::Stopped) {
+        job.state = if states.is_empty() && self.membership.is_some() {
+            // A member the group has given nothing (yet).
+            if self.leave.load(Ordering::SeqCst) {
+                JobState::Stopping
+            } else {
+                JobState::Running
+            }
+        } else if states.iter().all(|s| *s == JobState::Stopped) {
             JobState::Stopped
         } else if self.outer.status().state == JobState::Stopping || states.contains(&JobState::Stopping) {
             JobState::Stopping
@@ -663,6 +824,10 @@ impl Fan {
             JobState::Starting
         };
         job.uptime_ms = t0.elapsed().as_millis() as u64;
+        job.group = self
+            .membership
+            .as_ref()
+            .map(|m| m.status(job.tasks.iter().map(|t| t.partition.clone()).collect()));
         job
     }
 }

@@ -45,7 +45,7 @@ pub enum Records {
 pub const CONTRACT_VERSION: &str = contract::CURRENT;
 
 /// Who a plugin is: recorded in savepoints and compared on deploy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PluginIdentity {
     pub name: String,
     pub version: String,

@@ -106,6 +106,25 @@ impl JsonlSink {
         }
     }
 
+    /// [`Self::open`] for a task of a job shared with a consumer group, whose checkpoint
+    /// may name another process's file: this process's own is then appended to (it holds
+    /// what the task wrote while this process owned it before). Across processes, files
+    /// hold each result at least once: a task's results between its last checkpoint and a
+    /// crash stay in the crashed process's file.
+    pub fn open_in_group(
+        name: &'static str,
+        path: &Path,
+        resume_from: Option<&SinkPosition>,
+    ) -> Result<JsonlSink> {
+        match resume_from {
+            Some(p) if !same_file(&p.path, path) => {
+                let len = std::fs::metadata(path).map_or(0, |m| m.len());
+                Self::resume(name, path, len)
+            }
+            _ => Self::open(name, path, resume_from),
+        }
+    }
+
     pub fn stdout(name: &'static str) -> JsonlSink {
         JsonlSink { name, target: Target::Stdout(BufWriter::new(std::io::stdout())), written: 0 }
     }

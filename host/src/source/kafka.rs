@@ -190,6 +190,9 @@ pub struct KafkaSource {
     paused: bool,
     /// Where each record's message key goes, for a job that checks it.
     message_key: Option<MessageKey>,
+    /// Offsets are committed through the process's group member (a task of a job that
+    /// shares its partitions with a consumer group).
+    committer: Option<super::group::Committer>,
 }
 
 /// The message key of the record the source handed out last (Kafka), for a job whose
@@ -297,7 +300,11 @@ impl KafkaSource {
             .set("fetch.queue.backoff.ms", "20")
             .set("fetch.wait.max.ms", "100")
             .set("auto.offset.reset", if spec.start == StartAt::Latest { "latest" } else { "earliest" });
-        for (k, v) in &spec.properties {
+        // A task's consumer is assigned its partition: only the job's group member (if
+        // any) joins the group, as that one instance.
+        for (k, v) in
+            spec.properties.iter().filter(|(k, _)| !(spec.only.is_some() && *k == "group.instance.id"))
+        {
             config.set(k, v);
         }
         let consumer: BaseConsumer =
@@ -411,6 +418,7 @@ impl KafkaSource {
             unserviced: 0,
             paused: false,
             message_key: None,
+            committer: None,
         })
     }
 
@@ -431,6 +439,11 @@ impl KafkaSource {
     /// Keep each record's message key in `key` (see [`MessageKey`]).
     pub fn keep_message_keys(&mut self, key: MessageKey) {
         self.message_key = Some(key);
+    }
+
+    /// Commit checkpointed offsets through the group member (see [`super::group`]).
+    pub fn commit_through(&mut self, committer: super::group::Committer) {
+        self.committer = Some(committer);
     }
 
     /// Partitions that reached their stop offset since the last call (bounded runs).
@@ -634,8 +647,13 @@ impl KafkaSource {
                 return;
             }
         }
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
-            tracing::warn!(error = %e, "committing offsets to the consumer group");
+        match &self.committer {
+            Some(member) => member.commit(&tpl),
+            None => {
+                if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                    tracing::warn!(error = %e, "committing offsets to the consumer group");
+                }
+            }
         }
     }
 

@@ -7,6 +7,7 @@
 
 pub mod decode;
 pub mod file;
+pub mod group;
 pub mod json;
 pub mod kafka;
 mod mapped;

@@ -1,0 +1,205 @@
+//! The tasks of a job whose partitions are shared by several processes through the Kafka
+//! consumer group ([`crate::source::group`]): an unbounded Kafka source with
+//! `watermark = "per-partition"`. The group decides which partitions this process owns;
+//! [`Membership`] opens a task on the least loaded thread for each partition assigned,
+//! and for each one revoked has its thread checkpoint the task and let it go before the
+//! partition is released. A task restores from its newest complete checkpoint, which is
+//! why such a job needs `[checkpoints]` (in a store every process reaches:
+//! `dir = "s3://..."`, or a folder they share on one machine).
+
+use super::commands::{ControlHandle, GroupStatus};
+use super::*;
+use crate::pipeline::SourceSpec;
+use crate::source::group::{GroupMember, Owner, TopicPartition};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+/// What a thread is asked to do with one of the job's tasks.
+pub(super) enum Order {
+    /// Open the task (restored from its checkpoints) and run it.
+    Open(usize),
+    /// Let the task go, checkpointed first unless the partition is already another's;
+    /// `done` is dropped once it is.
+    Release { task: usize, checkpoint: bool, done: Sender<()> },
+}
+
+/// Whether the job's tasks are shared with a consumer group: an unbounded Kafka source
+/// (a bounded run reads every partition itself, as a batch over what the topic holds).
+pub(super) fn shares_group(pipeline: &Pipeline, opts: &RunOptions) -> bool {
+    matches!(pipeline.source, SourceSpec::Kafka(_)) && opts.input.is_none() && unbounded(pipeline, opts)
+}
+
+/// A job shared with a group restores its tasks from checkpoints: it needs them, and
+/// takes no savepoint to start from (each task would restore it again whenever it moves).
+pub(super) fn check(pipeline: &Pipeline, opts: &RunOptions) -> Result<()> {
+    if pipeline.checkpoints.is_none() {
+        return Err(Error::Usage(format!(
+            "pipeline {:?} reads Kafka with `watermark = \"per-partition\"`: its partitions are shared with \
+             the other processes of consumer group and a task that moves is restored from its checkpoints; \
+             add `[checkpoints]` (dir = \"s3://bucket/prefix\" for processes on several machines), or set \
+             `bounded = true` for a run over what the topic holds now",
+            pipeline.name
+        )));
+    }
+    if let Some(sp) = &opts.from_savepoint {
+        return Err(Error::Usage(format!(
+            "pipeline {:?} shares its partitions with a consumer group: its tasks restore from their \
+             checkpoints wherever they move, not from a savepoint ({}); deploy a new plugin live \
+             (`km0 deploy --job URL`), or run the savepoint with `bounded = true`",
+            pipeline.name,
+            sp.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The process's share of a job in a consumer group: which task runs on which thread.
+pub(super) struct Membership {
+    /// Each partition's task.
+    tasks: HashMap<TopicPartition, usize>,
+    /// Each thread's orders.
+    threads: Vec<Mutex<Sender<Order>>>,
+    /// Each task's thread, while this process owns it.
+    placed: Mutex<HashMap<usize, usize>>,
+    /// Whether this process owns each task (the control port reports only those).
+    pub(super) owned: Vec<Arc<AtomicBool>>,
+    /// A thread failed: the job stops, nobody answers orders any more.
+    failed: Arc<AtomicBool>,
+    /// The group, this process's member id in it, and what it was given and gave up.
+    pub(super) group: String,
+    member_id: Mutex<String>,
+    assigned: AtomicU64,
+    revoked: AtomicU64,
+}
+
+impl Membership {
+    /// The membership of `partitions`' tasks (task i reads partition i) on `threads`
+    /// threads, with their order queues.
+    pub(super) fn new(
+        group: &str,
+        partitions: Vec<TopicPartition>,
+        threads: usize,
+        failed: Arc<AtomicBool>,
+    ) -> (Arc<Membership>, Vec<Receiver<Order>>) {
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| channel()).unzip();
+        let owned = partitions.iter().map(|_| Arc::new(AtomicBool::new(false))).collect();
+        let m = Membership {
+            tasks: partitions.into_iter().enumerate().map(|(i, p)| (p, i)).collect(),
+            threads: senders.into_iter().map(Mutex::new).collect(),
+            placed: Mutex::default(),
+            owned,
+            failed,
+            group: group.into(),
+            member_id: Mutex::default(),
+            assigned: AtomicU64::new(0),
+            revoked: AtomicU64::new(0),
+        };
+        (Arc::new(m), receivers)
+    }
+
+    fn order(&self, thread: usize, order: Order) {
+        if let Some(Ok(tx)) = self.threads.get(thread).map(Mutex::lock) {
+            let _ = tx.send(order);
+        }
+    }
+
+    /// The thread that runs task `i` now, if any.
+    pub(super) fn thread_of(&self, i: usize) -> Option<usize> {
+        self.placed.lock().ok()?.get(&i).copied()
+    }
+
+    /// This process in the group, with the partitions it owns.
+    pub(super) fn status(&self, partitions: Vec<String>) -> GroupStatus {
+        GroupStatus {
+            group: self.group.clone(),
+            member_id: self.member_id.lock().map(|m| m.clone()).unwrap_or_default(),
+            partitions,
+            assigned: self.assigned.load(Ordering::Relaxed),
+            revoked: self.revoked.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Owner for Membership {
+    fn assigned(&self, partitions: &[TopicPartition]) {
+        let Ok(mut placed) = self.placed.lock() else { return };
+        for p in partitions {
+            let Some(&i) = self.tasks.get(p) else {
+                tracing::warn!(
+                    partition = %format!("{}/{}", p.0, p.1),
+                    "a partition added since the job started: restart the job's processes to run it"
+                );
+                continue;
+            };
+            if placed.contains_key(&i) {
+                continue;
+            }
+            let mut load = vec![0usize; self.threads.len()];
+            for &t in placed.values() {
+                load[t] += 1;
+            }
+            let thread = (0..load.len()).min_by_key(|&t| (load[t], t)).unwrap_or(0);
+            placed.insert(i, thread);
+            self.assigned.fetch_add(1, Ordering::Relaxed);
+            self.owned[i].store(true, Ordering::SeqCst);
+            self.order(thread, Order::Open(i));
+        }
+    }
+
+    fn revoked(&self, partitions: &[TopicPartition], lost: bool) {
+        let mut waiting = Vec::new();
+        if let Ok(mut placed) = self.placed.lock() {
+            for p in partitions {
+                let Some(i) = self.tasks.get(p).copied() else { continue };
+                if let Some(thread) = placed.remove(&i) {
+                    self.revoked.fetch_add(1, Ordering::Relaxed);
+                    let (done, released) = channel();
+                    self.order(thread, Order::Release { task: i, checkpoint: !lost, done });
+                    waiting.push((i, released));
+                }
+            }
+        }
+        // The partitions are released once their tasks have let them go (or their thread
+        // has stopped: the job failed).
+        for (i, released) in waiting {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                released.recv_timeout(Duration::from_millis(50))
+            {
+                if self.failed.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            self.owned[i].store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Serve the group until the process leaves (a stop signal, a stop command setting
+/// `leave`, or a failed task), then leave it: every task hands over first.
+pub(super) fn serve(
+    member: GroupMember,
+    membership: &Membership,
+    leave: &AtomicBool,
+    failed: &AtomicBool,
+    finished: &AtomicBool,
+) {
+    while !leave.load(Ordering::SeqCst) && !failed.load(Ordering::SeqCst) && !super::signals::stop_requested()
+    {
+        member.poll(Duration::from_millis(100));
+        if let Ok(mut id) = membership.member_id.lock() {
+            *id = member.member_id();
+        }
+    }
+    if !failed.load(Ordering::SeqCst) {
+        member.leave();
+    }
+    finished.store(true, Ordering::SeqCst);
+}
+
+/// A released task's control port: closed until the task runs here again.
+pub(super) fn close_port(h: &ControlHandle) {
+    h.closed.store(true, Ordering::SeqCst);
+    h.refuse_waiting("the task has moved to another process of the group");
+}

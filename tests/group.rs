@@ -1,0 +1,294 @@
+//! Several km0 processes share one job through Kafka's consumer-group protocol (real tansu,
+//! real S3-compatible server, real km0 processes, all on loopback): a 6-partition topic
+//! keyed by producto, processes SIGKILLed, restarted, stopped and added while records
+//! arrive; every task restored by whoever takes its partition from its checkpoints in the
+//! shared store. The output topic's keyed view (read by a plain consumer) and the
+//! PostgreSQL table equal a run of the same partitions as files by one process.
+
+use km0_e2e::services::{keyed_view_of, Tansu, S3};
+use km0_e2e::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PARTITIONS: usize = 6;
+const TOPIC: &str = "stock.eventos";
+const THRESHOLD: i64 = 10;
+
+/// A stock stream split over the partitions by a hash of producto (the message key),
+/// each partition closed by an event of its own a day later (its watermark passes every
+/// window of the stream; it raises no alert), as lines per partition.
+fn stream(events: u64, seed: u64) -> Vec<Vec<(Option<String>, String)>> {
+    let spec = km0::generate::StockStream { events, seed, late_fraction: 0.004, ..Default::default() };
+    let mut buf = Vec::new();
+    km0::generate::stock_stream(&spec, &mut buf).unwrap();
+    let mut parts: Vec<Vec<(Option<String>, String)>> = vec![Vec::new(); PARTITIONS];
+    let mut last = 0i64;
+    for (i, line) in String::from_utf8(buf).unwrap().lines().enumerate() {
+        let v = serde_json::from_str::<serde_json::Value>(line).ok();
+        let producto = v.as_ref().and_then(|v| v["producto"].as_str().map(String::from));
+        last = last.max(v.as_ref().and_then(|v| v["fecha_ms"].as_i64()).unwrap_or(0));
+        let p = producto.as_deref().map_or(i, |k| {
+            k.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3)) as usize
+        });
+        parts[p % PARTITIONS].push((producto, line.to_string()));
+    }
+    for (p, lines) in parts.iter_mut().enumerate() {
+        let producto = format!("zz-fin-{p}");
+        let end = format!(
+            r#"{{"tipo":"stock.actualizado","producto":"{producto}","mercado":"m","stock_actual":1000,"delta":0,"fecha_ms":{}}}"#,
+            last + 86_400_000
+        );
+        lines.push((Some(producto), end));
+    }
+    parts
+}
+
+/// The stock job reading `source`, its tasks' checkpoints in `checkpoints`.
+fn job(dir: &Path, source: &str, sink: &str, checkpoints: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut job = StockJob::new("2m", THRESHOLD);
+    job.source = source.into();
+    job.sink = sink.into();
+    job.event_time = "watermark = \"per-partition\"".into();
+    job.extra = checkpoints.into();
+    job.write(dir)
+}
+
+/// One km0 process of the group.
+struct Member {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Member {
+    fn start(pipeline: &Path, env: &[(&str, String)], log: PathBuf) -> Member {
+        let child = Command::new(km0_bin())
+            .arg("run")
+            .arg(pipeline)
+            .args(["--parallelism", "2", "--http", "off"])
+            .env("KM0_LOG", "km0=info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(pipeline.parent().unwrap())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Member { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM: the process hands its tasks over and leaves the group.
+    fn stop(mut self) -> String {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while self.alive() {
+            assert!(t.elapsed() < Duration::from_secs(60), "a stopped member did not exit: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = self.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "a stopped member failed ({status}, {}): {}",
+            self.log.display(),
+            all_logs(&self.log)
+        );
+        self.log()
+    }
+}
+
+/// Every member's log (the folder of `log`), for a failure's message.
+fn all_logs(log: &Path) -> String {
+    let mut logs: Vec<PathBuf> =
+        std::fs::read_dir(log.parent().unwrap()).unwrap().filter_map(|e| Some(e.ok()?.path())).collect();
+    logs.sort();
+    logs.iter()
+        .map(|l| format!("==== {}\n{}", l.display(), std::fs::read_to_string(l).unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Wait until the group has committed every record of the topic (each task has
+/// checkpointed what it read, so its results are in the sink).
+fn wait_committed(broker: &Tansu, group: &str, members: &mut [Member], timeout: Duration) {
+    let t = Instant::now();
+    loop {
+        let high = broker.high_watermarks(TOPIC);
+        let committed = broker.committed(group, TOPIC, PARTITIONS as i32);
+        if committed == high {
+            return;
+        }
+        for m in members.iter_mut() {
+            assert!(m.alive(), "a member exited: {}", all_logs(&m.log));
+        }
+        assert!(
+            t.elapsed() < timeout,
+            "the group committed {committed:?} of {high:?}; logs:\n{}",
+            members.iter().map(Member::log).collect::<Vec<_>>().join("\n----\n")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The same partitions read as files by one process at parallelism 1: the keyed view
+/// of its results.
+fn file_run(dir: &Path, parts: &[Vec<(Option<String>, String)>]) -> BTreeMap<String, serde_json::Value> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut paths = Vec::new();
+    for (p, lines) in parts.iter().enumerate() {
+        let path = dir.join(format!("part-{p}.jsonl"));
+        let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        paths.push(format!("{:?}", path.display().to_string()));
+    }
+    let source = format!("kind = \"file\"\npaths = [{}]\npartitioned_by = [\"producto\"]", paths.join(", "));
+    let pipeline = job(dir, &source, "kind = \"file\"\npath = \"out/alertas.jsonl\"", "");
+    let out = Command::new(km0_bin())
+        .arg("run")
+        .arg(&pipeline)
+        .args(["--parallelism", "1", "--http", "off", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut want = BTreeMap::new();
+    for t in 0..PARTITIONS {
+        want.extend(keyed_view(&dir.join(format!("out/alertas-task-{t}.jsonl"))));
+    }
+    want
+}
+
+/// Produce the partitions' records in `rounds` slices, `pause` apart (the last slice
+/// holds each partition's closing event).
+fn produce_slowly(
+    brokers: String,
+    parts: Vec<Vec<(Option<String>, String)>>,
+    rounds: usize,
+    pause: Duration,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for r in 0..rounds {
+            let mut records = Vec::new();
+            for (p, lines) in parts.iter().enumerate() {
+                let n = lines.len();
+                let (from, to) = (n * r / rounds, n * (r + 1) / rounds);
+                for (key, line) in &lines[from..to] {
+                    records.push((p as i32, key.clone(), line.as_bytes().to_vec()));
+                }
+            }
+            km0_e2e::services::produce(&brokers, TOPIC, &records);
+            std::thread::sleep(pause);
+        }
+    })
+}
+
+/// 3 processes; one SIGKILLed mid-stream and started again later; then 3 -> 2 -> 4.
+/// Returns once every record is committed by the group, with the members still running.
+fn choreography(
+    broker: &Tansu,
+    pipeline: &dyn Fn(&str) -> PathBuf,
+    env: &[(&str, String)],
+    group: &str,
+    logs: &Path,
+    outage: Option<&S3>,
+) -> Vec<Member> {
+    // Each process has a folder of its own, as on a machine of its own.
+    let start = |n: &str| Member::start(&pipeline(n), env, logs.join(format!("{n}.log")));
+    let committed_some = |want: i64| {
+        let t = Instant::now();
+        while broker.committed(group, TOPIC, PARTITIONS as i32).iter().filter(|&&c| c > 0).sum::<i64>() < want
+        {
+            assert!(t.elapsed() < Duration::from_secs(90), "nothing committed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut a = start("a");
+    let b = start("b");
+    let mut c = start("c");
+    committed_some(1);
+    // SIGKILL b mid-stream: its partitions move after the session timeout.
+    b.kill();
+    if let Some(s3) = outage {
+        // The store stops answering for 3 s: checkpoints and restores wait, none is torn.
+        s3.freeze(true);
+        std::thread::sleep(Duration::from_secs(3));
+        s3.freeze(false);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let b = start("b2");
+    std::thread::sleep(Duration::from_secs(3));
+    // 3 -> 2: c leaves gracefully.
+    assert!(c.alive(), "{}", c.log());
+    let log = c.stop();
+    assert!(log.contains("leaving the consumer group"), "{log}");
+    std::thread::sleep(Duration::from_secs(2));
+    // 2 -> 4.
+    let d = start("d");
+    let e = start("e");
+    assert!(a.alive(), "{}", a.log());
+    std::thread::sleep(Duration::from_secs(15));
+    let mut members = vec![a, b, d, e];
+    wait_committed(broker, group, &mut members, Duration::from_secs(180));
+    members
+}
+
+fn s3_checkpoints(url: &str) -> String {
+    format!("[checkpoints]\ndir = \"{url}\"\ninterval = \"300ms\"\nretain = 3\n[state]\ndir = \"state\"")
+}
+
+fn kafka_source(broker: &Tansu, group: &str) -> String {
+    format!(
+        "kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{TOPIC}\"\ngroup = \"{group}\"\n\
+         partitioned_by = [\"producto\"]\n[source.properties]\n\"session.timeout.ms\" = \"6000\"",
+        broker.brokers
+    )
+}
+
+#[test]
+fn processes_join_leave_and_die_and_the_output_topic_equals_one_process() {
+    let broker = Tansu::start();
+    broker.create_topic(TOPIC, PARTITIONS as i32);
+    broker.create_topic("alertas", 3);
+    let s3 = S3::start("km0");
+    let dir = tempfile::tempdir().unwrap();
+    let parts = stream(120_000, 41);
+    let want = file_run(&dir.path().join("files"), &parts);
+    assert!(want.len() > 300, "alerts: {}", want.len());
+
+    let producer = produce_slowly(broker.brokers.clone(), parts, 8, Duration::from_millis(700));
+    let sink = format!("kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"alertas\"", broker.brokers);
+    let group = "km0-stock";
+    let pipeline = |member: &str| {
+        job(
+            &dir.path().join(member),
+            &kafka_source(&broker, group),
+            &sink,
+            &s3_checkpoints("s3://km0/jobs/stock"),
+        )
+    };
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let t0 = Instant::now();
+    let members = choreography(&broker, &pipeline, &s3.env(), group, &logs, None);
+    producer.join().unwrap();
+    let elapsed = t0.elapsed();
+    for m in members {
+        m.stop();
+    }
+    let got = keyed_view_of(&broker.read_all("alertas"));
+    assert_eq!(got.len(), want.len(), "keys in the output topic (after {elapsed:?})");
+    assert!(got == want, "the output topic's keyed view differs from one process's");
+}

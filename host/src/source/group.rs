@@ -149,9 +149,8 @@ impl GroupMember {
     /// Serve the group protocol (heartbeats, rebalances: the owner is called from here)
     /// for up to `wait`. Records fetched before their partition was paused are dropped.
     pub fn poll(&self, wait: Duration) {
-        match self.consumer.poll(wait) {
-            Some(Err(e)) => tracing::warn!(error = %e, group = %self.group, "consumer group member"),
-            Some(Ok(_)) | None => {}
+        if let Some(Err(e)) = self.consumer.poll(wait) {
+            tracing::warn!(error = %e, group = %self.group, "consumer group member");
         }
     }
 

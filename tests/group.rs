@@ -60,14 +60,17 @@ fn job(dir: &Path, source: &str, sink: &str, checkpoints: &str) -> PathBuf {
 struct Member {
     child: Child,
     log: PathBuf,
+    /// Its control API.
+    url: String,
 }
 
 impl Member {
     fn start(pipeline: &Path, env: &[(&str, String)], log: PathBuf) -> Member {
+        let port = km0_e2e::services::free_port();
         let child = Command::new(km0_bin())
             .arg("run")
             .arg(pipeline)
-            .args(["--parallelism", "2", "--http", "off"])
+            .args(["--parallelism", "2", "--http", &format!("127.0.0.1:{port}")])
             .env("KM0_LOG", "km0=info")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir(pipeline.parent().unwrap())
@@ -75,7 +78,27 @@ impl Member {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        Member { child, log }
+        Member { child, log, url: format!("http://127.0.0.1:{port}") }
+    }
+
+    /// Its status (`/api/v1/job`), or null while it does not answer.
+    fn status(&self) -> serde_json::Value {
+        km0::control::client::call(&self.url, "GET", "/api/v1/job", None)
+            .ok()
+            .filter(|(code, _)| *code == 200)
+            .and_then(|(_, body)| serde_json::from_str(&body).ok())
+            .unwrap_or_default()
+    }
+
+    /// The partitions it says it owns.
+    fn owns(&self) -> Vec<String> {
+        let s = self.status();
+        s["group"]["partitions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.as_str().map(String::from))
+            .collect()
     }
 
     fn log(&self) -> String {
@@ -242,6 +265,32 @@ fn choreography(
     std::thread::sleep(Duration::from_secs(15));
     let mut members = vec![a, b, d, e];
     wait_committed(broker, group, &mut members, Duration::from_secs(180));
+    // Every partition is owned by exactly one process, as each one's status and metrics
+    // say (the group may still be settling a rebalance for a moment).
+    let all: Vec<String> = (0..PARTITIONS).map(|p| format!("{TOPIC}/{p}")).collect();
+    let t = Instant::now();
+    loop {
+        let mut owned: Vec<String> = members.iter().flat_map(Member::owns).collect();
+        owned.sort();
+        if owned == all {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "owned {owned:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for m in &members {
+        let s = m.status();
+        assert_eq!(s["group"]["group"], group, "{}: {s}\n{}", m.url, all_logs(&m.log));
+        assert!(s["group"]["member_id"].as_str().is_some_and(|id| !id.is_empty()), "{s}");
+        let metrics = km0::control::client::call(&m.url, "GET", "/metrics", None).unwrap().1;
+        for p in m.owns() {
+            let line = format!("partition=\"{p}\"}} 1");
+            assert!(
+                metrics.lines().any(|l| l.starts_with("km0_group_partition_owned{") && l.contains(&line)),
+                "{line} in\n{metrics}"
+            );
+        }
+    }
     members
 }
 
@@ -291,4 +340,56 @@ fn processes_join_leave_and_die_and_the_output_topic_equals_one_process() {
     let got = keyed_view_of(&broker.read_all("alertas"));
     assert_eq!(got.len(), want.len(), "keys in the output topic (after {elapsed:?})");
     assert!(got == want, "the output topic's keyed view differs from one process's");
+}
+
+#[test]
+fn the_same_into_postgres_with_the_s3_store_stopped_for_a_while() {
+    let broker = Tansu::start();
+    broker.create_topic(TOPIC, PARTITIONS as i32);
+    let s3 = S3::start("km0");
+    let pg = km0_e2e::services::Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let parts = stream(100_000, 43);
+    let want = file_run(&dir.path().join("files"), &parts);
+    assert!(want.len() > 300, "alerts: {}", want.len());
+
+    let producer = produce_slowly(broker.brokers.clone(), parts, 8, Duration::from_millis(700));
+    let sink = format!("kind = \"postgres\"\nurl = \"{}\"\ntable = \"alertas\"", pg.url());
+    let group = "km0-stock-pg";
+    let pipeline = |member: &str| {
+        job(
+            &dir.path().join(member),
+            &kafka_source(&broker, group),
+            &sink,
+            &s3_checkpoints("s3://km0/jobs/pg"),
+        )
+    };
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let members = choreography(&broker, &pipeline, &s3.env(), group, &logs, Some(&s3));
+    producer.join().unwrap();
+    for m in members {
+        m.stop();
+    }
+    let got: BTreeMap<String, serde_json::Value> = pg
+        .query("SELECT key, value::text FROM alertas ORDER BY key")
+        .iter()
+        .map(|r| (r[0].clone(), serde_json::from_str(&r[1]).unwrap()))
+        .collect();
+    assert_eq!(got.len(), want.len(), "rows");
+    assert!(got == want, "the table differs from one process's run");
+    // Progress is kept per task, whichever process ran it.
+    let jobs = pg.query("SELECT DISTINCT job FROM km0_sink_epochs ORDER BY job");
+    let jobs: Vec<&str> = jobs.iter().map(|r| r[0].as_str()).collect();
+    let tasks: Vec<String> = (0..PARTITIONS).map(|t| format!("stock-alert/task-{t}")).collect();
+    assert_eq!(jobs, tasks);
+    // No checkpoint in the store is torn: each complete one has its writer's files.
+    let keys = s3.keys("jobs/pg/");
+    for k in keys.iter().filter(|k| k.ends_with("/_COMPLETE")) {
+        let chk = k.trim_end_matches("_COMPLETE");
+        assert!(
+            keys.iter().any(|o| o.starts_with(chk) && o.ends_with("/savepoint.json")),
+            "{chk} has its meta: {keys:?}"
+        );
+    }
 }

@@ -467,6 +467,18 @@ fn run(cli: Cli) -> Result<()> {
                         p["finished"]
                     );
                 }
+                if let Some(g) = v["group"].as_object() {
+                    let owned: Vec<&str> =
+                        g["partitions"].as_array().into_iter().flatten().filter_map(|p| p.as_str()).collect();
+                    println!(
+                        "member {} of consumer group {}: owns {} ({} assigned, {} revoked since it started)",
+                        g["member_id"].as_str().filter(|m| !m.is_empty()).unwrap_or("(joining)"),
+                        g["group"].as_str().unwrap_or("?"),
+                        if owned.is_empty() { "no partition".to_string() } else { owned.join(", ") },
+                        g["assigned"],
+                        g["revoked"]
+                    );
+                }
                 for t in v["tasks"].as_array().into_iter().flatten() {
                     println!(
                         "  task {} ({}) on thread {}: {}, watermark {}, read {}, {} open windows{}",

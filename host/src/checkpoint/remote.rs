@@ -222,6 +222,18 @@ impl RemoteStore {
         Ok(g)
     }
 
+    /// Whether this writer claimed the task's newest generation (a writer that claimed
+    /// none, of a store no group shares, is not the newest).
+    fn newest_generation(&self) -> Result<bool> {
+        let Some(g) = self.inner.generation.get() else { return Ok(false) };
+        let next = self.inner.prefix.child("generations").child(format!("{:06}", g + 1));
+        match self.block(self.inner.store.head(&next)) {
+            Err(object_store::Error::NotFound { .. }) => Ok(true),
+            Ok(_) => Ok(false),
+            Err(e) => Err(err(&self.inner.url, format!("look at {next}: {e}"))),
+        }
+    }
+
     /// Copy the local checkpoint folder `local` as checkpoint `n`: its files, then the
     /// marker (refused when another writer's checkpoint `n` is there, or another process
     /// claimed the task since: fenced).
@@ -286,6 +298,15 @@ impl RemoteStore {
         let create = PutOptions { mode: PutMode::Create, ..Default::default() };
         match self.block(self.inner.store.put_opts(&marker, PutPayload::from(self.inner.writer.clone()), create)) {
             Ok(_) => Ok(()),
+            // The task's owner of the newest generation completes its checkpoint over one
+            // an older owner completed meanwhile (the group moved the task while that one
+            // still ran it; it is fenced from now on).
+            Err(object_store::Error::AlreadyExists { .. }) if self.newest_generation()? => {
+                tracing::warn!(store = %url, checkpoint = n, "completing a checkpoint an older owner of the task completed meanwhile");
+                self.block(self.inner.store.put(&marker, PutPayload::from(self.inner.writer.clone())))
+                    .map(drop)
+                    .map_err(|e| err(url, format!("complete {marker}: {e}")))
+            }
             Err(object_store::Error::AlreadyExists { .. }) => Err(Error::Fenced {
                 store: url.clone(),
                 message: format!(

@@ -122,10 +122,10 @@ impl Checkpoints {
     }
 
     /// Take the task's checkpoints in the shared store (fencing a previous owner).
-    pub fn claim(&self) -> Result<()> {
+    pub fn claim(&self) -> Result<Option<u64>> {
         match &self.remote {
-            Some(r) => r.claim().map(drop),
-            None => Ok(()),
+            Some(r) => r.claim().map(Some),
+            None => Ok(None),
         }
     }
 

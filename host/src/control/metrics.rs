@@ -198,6 +198,39 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
     );
     m.gauges("task_thread", "The thread that runs each task", None, &per_task(|t| Some(t.thread as f64)));
 
+    // A job in a consumer group: what this process owns, and how often that changed.
+    if let Some(g) = &status.group {
+        let owned: Vec<_> = g
+            .partitions
+            .iter()
+            .map(|p| {
+                (
+                    vec![
+                        ("group", g.group.as_str()),
+                        ("member", g.member_id.as_str()),
+                        ("partition", p.as_str()),
+                    ],
+                    1.0,
+                )
+            })
+            .collect();
+        m.gauges(
+            "group_partition_owned",
+            "1 for each partition this process owns in the job's consumer group",
+            None,
+            &owned,
+        );
+        let changes = Family::<Labels, Counter>::default();
+        for (kind, n) in [("assigned", g.assigned), ("revoked", g.revoked)] {
+            changes.get_or_create(&m.labels(&[("group", g.group.as_str()), ("change", kind)])).inc_by(n);
+        }
+        m.registry.register(
+            "group_partition_changes",
+            "Partitions assigned to and revoked from this process",
+            changes,
+        );
+    }
+
     let per_aggregation =
         |f: fn(&crate::job::commands::AggregationStatus) -> f64| -> Vec<(Vec<(&str, &str)>, f64)> {
             status.aggregations.iter().map(|a| (vec![("aggregation", a.name.as_str())], f(a))).collect()

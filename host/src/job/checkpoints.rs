@@ -69,6 +69,8 @@ pub(super) struct Checkpointer {
     pub(super) synchronous: bool,
     /// The newest checkpoints of this run, for the control API.
     pub(super) history: std::collections::VecDeque<(super::commands::CheckpointInfo, Instant)>,
+    /// The generation of the task's owners this process claimed in the shared store.
+    pub(super) generation: Option<u64>,
 }
 
 impl Checkpointer {

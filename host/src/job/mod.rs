@@ -156,6 +156,14 @@ fn open<'p>(pipeline: &'p Pipeline, opts: &RunOptions, runtime: &PluginRuntime) 
         (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
         (None, Some(c)) if !opts.no_recover => {
             let store = Checkpoints::open(&c.dir, c.remote.as_deref())?;
+            if opts.committer.is_some() {
+                // A task of a job shared with a group takes the task before it looks for its
+                // newest checkpoint: a process that still runs it stops checkpointing and
+                // committing now (fenced), so what it restores is not overtaken.
+                if let (Some(g), SinkSpec::Postgres { url, table }) = (store.claim()?, &pipeline.sink) {
+                    crate::sink::postgres::fence(url, table, &pipeline.instance_name(), g)?;
+                }
+            }
             let transactional = opts.output.is_none()
                 && matches!(
                     pipeline.sink,

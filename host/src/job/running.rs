@@ -114,8 +114,10 @@ impl<'p> RunningJob<'p> {
         }
         let checkpoints = open_checkpoints(pipeline, &mut job)?;
         place_partitions(pipeline, &mut job, &source, restore.is_some());
-        // Sinks are opened only once everything above has been checked.
-        open_sinks(pipeline, opts, &mut job, restore.as_ref())?;
+        // Sinks are opened only once everything above has been checked. A task of a job
+        // shared with a group writes its sinks as the owner of its checkpoints' generation.
+        let owner = checkpoints.as_ref().and_then(|c| c.generation).filter(|_| opts.committer.is_some());
+        open_sinks(pipeline, opts, &mut job, restore.as_ref(), owner)?;
         job.sources = (0..source.partitions()).map(|p| source.partition_name(p as u32)).collect();
         let mut checkpoints = checkpoints;
         if let (Some(c), Some(out)) = (checkpoints.as_mut(), job.output.as_ref()) {
@@ -568,7 +570,7 @@ impl<'p> RunningJob<'p> {
 fn open_checkpoints(pipeline: &Pipeline, job: &mut Job) -> Result<Option<Checkpointer>> {
     let Some(spec) = &pipeline.checkpoints else { return Ok(None) };
     let store = Checkpoints::open(&spec.dir, spec.remote.as_deref())?;
-    store.claim()?;
+    let generation = store.claim()?;
     let next = store.next()?;
     let rocks = match pipeline.state.backend {
         Backend::Memory => None,
@@ -594,6 +596,7 @@ fn open_checkpoints(pipeline: &Pipeline, job: &mut Job) -> Result<Option<Checkpo
         failed_savepoints: Vec::new(),
         synchronous: false,
         history: Default::default(),
+        generation,
     }))
 }
 
@@ -620,6 +623,7 @@ fn open_sinks(
     opts: &RunOptions,
     job: &mut Job,
     restore: Option<&SavepointMeta>,
+    owner: Option<u64>,
 ) -> Result<()> {
     let sink_pos = |name: &str| restore.and_then(|meta| meta.sinks.iter().find(|s| s.name == name).cloned());
     // A transactional sink's id is stable per job, so a restart fences its predecessor.
@@ -649,7 +653,7 @@ fn open_sinks(
                 fingerprint: job.fingerprint.clone(),
                 replayable,
             };
-            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.instance_name(), &start)?)
+            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.instance_name(), &start, owner)?)
         }
     });
     job.late = Some(file("late", &pipeline.late)?);

@@ -397,7 +397,15 @@ fn drive(
                         if let Some(h) = &opts[i].control {
                             h.closed.store(false, Ordering::SeqCst);
                         }
-                        let job = open(&tasks[i].pipeline, &opts[i]).map_err(|e| fail(e, &tasks[i].name))?;
+                        let job = match open(&tasks[i].pipeline, &opts[i]) {
+                            Ok(job) => job,
+                            // A newer owner took it already: the group moves it away soon.
+                            Err(e @ Error::Fenced { .. }) => {
+                                tracing::warn!(task = %tasks[i].name, error = %e, "task not opened: another process owns it now");
+                                continue;
+                            }
+                            Err(e) => return Err(fail(e, &tasks[i].name)),
+                        };
                         let step = job.first_step();
                         live.push((i, job, step));
                     }

@@ -64,6 +64,12 @@ struct Progress {
     fingerprint: Option<String>,
 }
 
+/// Who may commit a task's epochs: the newest generation of the task's owners (a job
+/// shared with a consumer group, [`fence`]).
+const OWNERS_TABLE: &str = "CREATE TABLE IF NOT EXISTS km0_sink_owners (
+    job TEXT NOT NULL, sink_table TEXT NOT NULL, generation BIGINT NOT NULL,
+    PRIMARY KEY (job, sink_table))";
+
 /// The advisory lock that table creation holds (any number: km0's own).
 const CREATE_LOCK: i64 = 0x6b6d_3020_7462_6c73;
 
@@ -72,6 +78,9 @@ pub struct PostgresSink {
     client: Client,
     table: String,
     job: String,
+    /// The generation this task's owner claimed (a job shared with a consumer group):
+    /// an epoch commits only while no newer owner has taken the task.
+    owner: Option<i64>,
     /// Results up to this ordinal are already committed.
     committed: u64,
     /// The next epoch to commit.
@@ -84,20 +93,16 @@ pub struct PostgresSink {
 impl PostgresSink {
     /// Connect, create the tables if needed, read the job's progress and check it against
     /// where this run starts.
-    pub fn open(url: &str, table: &str, job: &str, start: &StartPoint) -> Result<PostgresSink> {
+    pub fn open(
+        url: &str,
+        table: &str,
+        job: &str,
+        start: &StartPoint,
+        owner: Option<u64>,
+    ) -> Result<PostgresSink> {
         let err = |m: String| Error::Postgres { table: table.to_string(), message: m };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| err(format!("start the client runtime: {e}")))?;
+        let (rt, client) = connect(url, table)?;
         let client = rt.block_on(async {
-            let (client, connection) =
-                tokio_postgres::connect(url, NoTls).await.map_err(|e| err(format!("connect: {e}")))?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::error!(error = %e, "postgres connection");
-                }
-            });
             client
                 // Tasks of a job (and processes) open their sinks at once: `IF NOT EXISTS`
                 // races in PostgreSQL, so the creation holds a lock of km0's own.
@@ -115,17 +120,23 @@ impl PostgresSink {
                      ALTER TABLE km0_sink_epochs ADD COLUMN IF NOT EXISTS checkpoint_id TEXT,
                          ADD COLUMN IF NOT EXISTS parent_id TEXT,
                          ADD COLUMN IF NOT EXISTS fingerprint TEXT;
+                     {OWNERS_TABLE};
                      COMMIT;"
                 ))
                 .await
                 .map_err(|e| err(format!("create the tables: {}", db_message(&e))))?;
             Ok::<_, Error>(client)
         })?;
+        let owner = owner.map(|g| g as i64);
+        if let Some(g) = owner {
+            take_over(&rt, &client, table, job, g)?;
+        }
         let mut sink = PostgresSink {
             rt,
             client,
             table: table.to_string(),
             job: job.to_string(),
+            owner,
             committed: start.ordinal,
             epoch: 1,
             keys: Vec::new(),
@@ -294,10 +305,26 @@ impl PostgresSink {
             self.table
         );
         let delete = format!("DELETE FROM {} WHERE key = ANY($1::text[])", self.table);
-        let (job, table) = (self.job.clone(), self.table.clone());
+        let (job, table, owner) = (self.job.clone(), self.table.clone(), self.owner);
         let client = &mut self.client;
+        let mut newer = None;
         let done: std::result::Result<(), tokio_postgres::Error> = self.rt.block_on(async {
             let tx = client.transaction().await?;
+            if let Some(g) = owner {
+                // The owner row is locked until the commit: a newer owner's take-over waits
+                // for this epoch, or this epoch sees it and writes nothing.
+                let row = tx
+                    .query_opt(
+                        "SELECT generation FROM km0_sink_owners WHERE job = $1 AND sink_table = $2 FOR UPDATE",
+                        &[&job, &table],
+                    )
+                    .await?;
+                let current: i64 = row.map(|r| r.try_get(0)).transpose()?.unwrap_or(g);
+                if current > g {
+                    newer = Some(current);
+                    return tx.rollback().await;
+                }
+            }
             // Bounded statements, however large the epoch: one transaction all the same.
             if !keys.is_empty() {
                 let upsert = tx.prepare(&upsert).await?;
@@ -326,12 +353,88 @@ impl PostgresSink {
             tx.commit().await
         });
         done.map_err(|e| self.err(format!("commit epoch {epoch}: {}", db_message(&e))))?;
+        if let Some(current) = newer {
+            return Err(Error::Fenced {
+                store: format!("postgres table {}", self.table),
+                message: format!(
+                    "another process took task {} (generation {current} after this one's {}): epoch {epoch} \
+                     is not written (fenced)",
+                    self.job,
+                    owner.unwrap_or_default()
+                ),
+            });
+        }
         self.epoch += 1;
         self.committed = upto;
         self.keys.clear();
         self.values.clear();
         Ok(())
     }
+}
+
+/// A client of `url` and the runtime it runs on.
+fn connect(url: &str, table: &str) -> Result<(tokio::runtime::Runtime, Client)> {
+    let err = |m: String| Error::Postgres { table: table.to_string(), message: m };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| err(format!("start the client runtime: {e}")))?;
+    let client = rt.block_on(async {
+        let (client, connection) =
+            tokio_postgres::connect(url, NoTls).await.map_err(|e| err(format!("connect: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::error!(error = %e, "postgres connection");
+            }
+        });
+        Ok::<_, Error>(client)
+    })?;
+    Ok((rt, client))
+}
+
+/// Record that generation `g` of task `job`'s owners writes `table` from now on: an owner
+/// of an older generation commits nothing more (a process the consumer group moved the
+/// task away from, still running it for a moment). Refused if a newer owner took it.
+fn take_over(rt: &tokio::runtime::Runtime, client: &Client, table: &str, job: &str, g: i64) -> Result<()> {
+    let current: i64 = rt
+        .block_on(async {
+            client
+                .batch_execute(&format!(
+                    "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {OWNERS_TABLE}; COMMIT;"
+                ))
+                .await?;
+            client
+                .query_one(
+                    "INSERT INTO km0_sink_owners (job, sink_table, generation) VALUES ($1, $2, $3)
+                     ON CONFLICT (job, sink_table)
+                     DO UPDATE SET generation = GREATEST(km0_sink_owners.generation, EXCLUDED.generation)
+                     RETURNING generation",
+                    &[&job, &table, &g],
+                )
+                .await?
+                .try_get(0)
+        })
+        .map_err(|e| Error::Postgres {
+            table: table.into(),
+            message: format!("take over: {}", db_message(&e)),
+        })?;
+    if current > g {
+        return Err(Error::Fenced {
+            store: format!("postgres table {table}"),
+            message: format!(
+                "another process took task {job} (generation {current} after this one's {g}) (fenced)"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Fence task `job`'s older owners out of `table` before this one restores the task (see
+/// [`take_over`]): what they commit from now on is refused, so the table's progress stays
+/// within one epoch of the newest complete checkpoint.
+pub fn fence(url: &str, table: &str, job: &str, generation: u64) -> Result<()> {
+    let (rt, client) = connect(url, table)?;
+    take_over(&rt, &client, table, job, generation as i64)
 }
 
 /// Why PostgreSQL cannot store a result, if it cannot: `text` and `jsonb` hold no NUL

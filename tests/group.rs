@@ -115,9 +115,18 @@ impl Member {
     }
 
     /// SIGTERM: the process hands its tasks over and leaves the group.
-    fn stop(mut self) -> String {
+    fn stop(self) -> String {
+        self.signal_stop();
+        self.wait()
+    }
+
+    fn signal_stop(&self) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+    }
+
+    /// Wait for it to exit, successfully: its log.
+    fn wait(mut self) -> String {
         let t = Instant::now();
         while self.alive() {
             assert!(t.elapsed() < Duration::from_secs(60), "a stopped member did not exit: {}", self.log());
@@ -391,5 +400,167 @@ fn the_same_into_postgres_with_the_s3_store_stopped_for_a_while() {
             keys.iter().any(|o| o.starts_with(chk) && o.ends_with("/savepoint.json")),
             "{chk} has its meta: {keys:?}"
         );
+    }
+}
+
+/// Records read by every task of the members, as their statuses say (a task's `read`
+/// counts from the partition's start, its checkpoint's included).
+fn read_by(members: &[&Member]) -> u64 {
+    members
+        .iter()
+        .map(|m| {
+            m.status()["tasks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["read"].as_u64())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Wait until the members' tasks have read `n` records: the time it took.
+fn until_read(members: &[&Member], n: u64, timeout: Duration) -> Duration {
+    let t = Instant::now();
+    while read_by(members) < n {
+        assert!(t.elapsed() < timeout, "read {} of {n}", read_by(members));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t.elapsed()
+}
+
+/// The measurements of the closing note (not a pass/fail test; run with
+/// `cargo test --release -p km0-e2e --test group -- --ignored --nocapture`):
+/// the time from a process leaving (SIGTERM, then SIGKILL) until its partitions produce
+/// again in the other, with ~1M open windows over 6 tasks; and the rate at which 1, 2
+/// and 3 processes read a 6-partition topic.
+#[test]
+#[ignore]
+fn measure_hand_off_and_throughput() {
+    let broker = Tansu::start();
+    let s3 = S3::start("km0");
+    let env = s3.env();
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = 1_757_836_800_000i64;
+    let windows: usize =
+        std::env::var("KM0_OPEN_WINDOWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    // One window a record: every producto its own key, all in one 5-minute window that
+    // the watermark never passes.
+    let record = |j: usize, t: i64| {
+        format!(
+            r#"{{"tipo":"stock.actualizado","producto":"p{j}","mercado":"m","stock_actual":50,"delta":-1,"fecha_ms":{t}}}"#
+        )
+    };
+    let topic = |name: &str| {
+        broker.create_topic(name, PARTITIONS as i32);
+    };
+    topic(TOPIC);
+    let records: Vec<(i32, Option<String>, Vec<u8>)> = (0..windows)
+        .map(|j| {
+            ((j % PARTITIONS) as i32, Some(format!("p{j}")), record(j, t0 + (j % 60_000) as i64).into_bytes())
+        })
+        .collect();
+    let t = Instant::now();
+    broker.produce(TOPIC, &records);
+    eprintln!("produced {windows} records in {:?}", t.elapsed());
+    let sink = "kind = \"file\"\npath = \"out/alertas.jsonl\"";
+    let checkpoints = "[checkpoints]\ndir = \"s3://km0/measure\"\ninterval = \"5s\"\nretain = 2\n[state]\ndir = \"state\"\nbackend = \"memory\"";
+    let pipeline =
+        |m: &str, group: &str| job(&dir.path().join(m), &kafka_source(&broker, group), sink, checkpoints);
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let start = |m: &str| Member::start(&pipeline(m, "km0-measure"), &env, logs.join(format!("{m}.log")));
+    let a = start("a");
+    let b = start("b");
+    until_read(&[&a, &b], windows as u64, Duration::from_secs(600));
+    let balanced = |ms: &[&Member], each: usize| {
+        let t = Instant::now();
+        while !ms.iter().all(|m| m.owns().len() == each) {
+            assert!(t.elapsed() < Duration::from_secs(120), "not balanced");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    balanced(&[&a, &b], 3);
+    let open: u64 = [&a, &b]
+        .iter()
+        .map(|m| {
+            m.status()["tasks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["open_windows"].as_u64())
+                .sum::<u64>()
+        })
+        .sum();
+    eprintln!("open windows over the 6 tasks: {open}");
+    // One more record in every partition after the leave: when b has read them all, a's
+    // partitions produce again in b.
+    let mut total = windows as u64;
+    let probe = |n: usize| -> Vec<(i32, Option<String>, Vec<u8>)> {
+        (0..PARTITIONS)
+            .map(|p| {
+                (
+                    p as i32,
+                    Some(format!("q{n}-{p}")),
+                    record(p, t0 + 1).replace(&format!("p{p}\""), &format!("q{n}-{p}\"")).into_bytes(),
+                )
+            })
+            .collect()
+    };
+    // Graceful: SIGTERM.
+    let t = Instant::now();
+    a.signal_stop();
+    broker.produce(TOPIC, &probe(1));
+    total += PARTITIONS as u64;
+    let graceful = until_read(&[&b], total, Duration::from_secs(120)).max(t.elapsed());
+    eprintln!("graceful leave: a's partitions produce again in b after {graceful:?}");
+    a.wait();
+    // SIGKILL: a again, balanced, then killed.
+    let a = start("a2");
+    balanced(&[&a, &b], 3);
+    until_read(&[&a, &b], total, Duration::from_secs(120));
+    std::thread::sleep(Duration::from_secs(6));
+    let t = Instant::now();
+    a.kill();
+    broker.produce(TOPIC, &probe(2));
+    total += PARTITIONS as u64;
+    let killed = until_read(&[&b], total, Duration::from_secs(120)).max(t.elapsed());
+    eprintln!("SIGKILL: a's partitions produce again in b after {killed:?} (session timeout 6 s)");
+    b.stop();
+
+    // Throughput: a stream of 600 000 stock events over the 6 partitions, read by 1, 2
+    // and 3 processes (each at --parallelism 2) from the start; the rate while all run.
+    let parts = stream(600_000, 7);
+    let n: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    broker.create_topic("stock.tp", PARTITIONS as i32);
+    let recs: Vec<(i32, Option<String>, Vec<u8>)> = parts
+        .iter()
+        .enumerate()
+        .flat_map(|(p, l)| l.iter().map(move |(k, v)| (p as i32, k.clone(), v.clone().into_bytes())))
+        .collect();
+    broker.produce("stock.tp", &recs);
+    for procs in 1..=3 {
+        let group = format!("km0-tp-{procs}");
+        let ms: Vec<Member> = (0..procs)
+            .map(|i| {
+                let p = job(
+                    &dir.path().join(format!("tp{procs}-{i}")),
+                    &kafka_source(&broker, &group).replace(TOPIC, "stock.tp"),
+                    sink,
+                    &checkpoints.replace("measure", &format!("tp{procs}")),
+                );
+                Member::start(&p, &env, logs.join(format!("tp{procs}-{i}.log")))
+            })
+            .collect();
+        let refs: Vec<&Member> = ms.iter().collect();
+        until_read(&refs, n / 10, Duration::from_secs(300));
+        let t = Instant::now();
+        let from = read_by(&refs);
+        until_read(&refs, n * 9 / 10, Duration::from_secs(300));
+        let rate = (read_by(&refs) - from) as f64 / t.elapsed().as_secs_f64();
+        eprintln!("{procs} process(es): {:.0} records/s between 10% and 90% of {n}", rate);
+        for m in ms {
+            m.stop();
+        }
     }
 }

@@ -315,39 +315,45 @@ fn kafka_source(broker: &Tansu, group: &str) -> String {
     )
 }
 
+/// The job over `events` stock events (seed `seed`) into `sink`, run by the group
+/// `group` through the [`choreography`] (with an outage of the store if `outage`), every
+/// process stopped at the end: the keyed view of the same partitions run by one process.
+fn run_shared(
+    broker: &Tansu,
+    s3: &S3,
+    sink: &str,
+    group: &str,
+    (events, seed): (u64, u64),
+    outage: bool,
+) -> BTreeMap<String, serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = stream(events, seed);
+    let want = file_run(&dir.path().join("files"), &parts);
+    assert!(want.len() > 300, "alerts: {}", want.len());
+    let producer = produce_slowly(broker.brokers.clone(), parts, 8, Duration::from_millis(700));
+    let checkpoints = s3_checkpoints(&format!("s3://km0/jobs/{group}"));
+    let pipeline =
+        |member: &str| job(&dir.path().join(member), &kafka_source(broker, group), sink, &checkpoints);
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let members = choreography(broker, &pipeline, &s3.env(), group, &logs, outage.then_some(s3));
+    producer.join().unwrap();
+    for m in members {
+        m.stop();
+    }
+    want
+}
+
 #[test]
 fn processes_join_leave_and_die_and_the_output_topic_equals_one_process() {
     let broker = Tansu::start();
     broker.create_topic(TOPIC, PARTITIONS as i32);
     broker.create_topic("alertas", 3);
     let s3 = S3::start("km0");
-    let dir = tempfile::tempdir().unwrap();
-    let parts = stream(120_000, 41);
-    let want = file_run(&dir.path().join("files"), &parts);
-    assert!(want.len() > 300, "alerts: {}", want.len());
-
-    let producer = produce_slowly(broker.brokers.clone(), parts, 8, Duration::from_millis(700));
     let sink = format!("kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"alertas\"", broker.brokers);
-    let group = "km0-stock";
-    let pipeline = |member: &str| {
-        job(
-            &dir.path().join(member),
-            &kafka_source(&broker, group),
-            &sink,
-            &s3_checkpoints("s3://km0/jobs/stock"),
-        )
-    };
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    let t0 = Instant::now();
-    let members = choreography(&broker, &pipeline, &s3.env(), group, &logs, None);
-    producer.join().unwrap();
-    let elapsed = t0.elapsed();
-    for m in members {
-        m.stop();
-    }
+    let want = run_shared(&broker, &s3, &sink, "km0-stock", (120_000, 41), false);
     let got = keyed_view_of(&broker.read_all("alertas"));
-    assert_eq!(got.len(), want.len(), "keys in the output topic (after {elapsed:?})");
+    assert_eq!(got.len(), want.len(), "keys in the output topic");
     assert!(got == want, "the output topic's keyed view differs from one process's");
 }
 
@@ -357,29 +363,8 @@ fn the_same_into_postgres_with_the_s3_store_stopped_for_a_while() {
     broker.create_topic(TOPIC, PARTITIONS as i32);
     let s3 = S3::start("km0");
     let pg = km0_e2e::services::Postgres::start();
-    let dir = tempfile::tempdir().unwrap();
-    let parts = stream(100_000, 43);
-    let want = file_run(&dir.path().join("files"), &parts);
-    assert!(want.len() > 300, "alerts: {}", want.len());
-
-    let producer = produce_slowly(broker.brokers.clone(), parts, 8, Duration::from_millis(700));
     let sink = format!("kind = \"postgres\"\nurl = \"{}\"\ntable = \"alertas\"", pg.url());
-    let group = "km0-stock-pg";
-    let pipeline = |member: &str| {
-        job(
-            &dir.path().join(member),
-            &kafka_source(&broker, group),
-            &sink,
-            &s3_checkpoints("s3://km0/jobs/pg"),
-        )
-    };
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
-    let members = choreography(&broker, &pipeline, &s3.env(), group, &logs, Some(&s3));
-    producer.join().unwrap();
-    for m in members {
-        m.stop();
-    }
+    let want = run_shared(&broker, &s3, &sink, "km0-stock-pg", (100_000, 43), true);
     let got: BTreeMap<String, serde_json::Value> = pg
         .query("SELECT key, value::text FROM alertas ORDER BY key")
         .iter()
@@ -393,7 +378,7 @@ fn the_same_into_postgres_with_the_s3_store_stopped_for_a_while() {
     let tasks: Vec<String> = (0..PARTITIONS).map(|t| format!("stock-alert/task-{t}")).collect();
     assert_eq!(jobs, tasks);
     // No checkpoint in the store is torn: each complete one has its writer's files.
-    let keys = s3.keys("jobs/pg/");
+    let keys = s3.keys("jobs/km0-stock-pg/");
     for k in keys.iter().filter(|k| k.ends_with("/_COMPLETE")) {
         let chk = k.trim_end_matches("_COMPLETE");
         assert!(

@@ -163,3 +163,33 @@ fn running_a_finished_job_again_is_refused_not_replayed_into_the_table() {
     assert!(err.contains("already went to the end") && err.contains("TRUNCATE alertas"), "{err}");
     assert!(table(&pg) == before);
 }
+
+#[test]
+fn an_older_owner_of_a_task_commits_nothing_once_a_newer_one_took_it() {
+    use km0::sink::postgres::{fence, Barrier, PostgresSink, StartPoint};
+    let pg = Postgres::start();
+    let start = StartPoint { snapshot: None, ordinal: 0, fingerprint: "f".into(), replayable: true };
+    let barrier = |n: u32, parent: &str| Barrier {
+        id: format!("chk-{n}"),
+        parent: parent.into(),
+        fingerprint: "f".into(),
+    };
+    let mut old = PostgresSink::open(&pg.url(), "owned", "job/task-0", &start, Some(1)).unwrap();
+    old.write("a", Some("1"), 1).unwrap();
+    old.commit(1, &barrier(1, "")).unwrap();
+    // Another process takes the task (generation 2) before it restores it.
+    fence(&pg.url(), "owned", "job/task-0", 2).unwrap();
+    old.write("b", Some("2"), 2).unwrap();
+    let err = old.commit(2, &barrier(2, "chk-1")).unwrap_err();
+    assert!(matches!(err, km0::Error::Fenced { .. }), "{err}");
+    assert!(err.to_string().contains("generation 2 after this one's 1"), "{err}");
+    // An owner older than the table's cannot even open it; the newer one goes on.
+    let again = PostgresSink::open(&pg.url(), "owned", "job/task-0", &start, Some(1));
+    assert!(matches!(again, Err(km0::Error::Fenced { .. })));
+    let resumed = StartPoint { snapshot: Some("chk-1".into()), ordinal: 1, ..start };
+    let mut new = PostgresSink::open(&pg.url(), "owned", "job/task-0", &resumed, Some(3)).unwrap();
+    new.write("b", Some("3"), 2).unwrap();
+    new.commit(2, &barrier(2, "chk-1")).unwrap();
+    let rows = pg.query("SELECT key, value::text FROM owned ORDER BY key");
+    assert_eq!(rows, [["a", "1"], ["b", "3"]]);
+}

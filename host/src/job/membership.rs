@@ -203,3 +203,51 @@ pub(super) fn close_port(h: &ControlHandle) {
     h.closed.store(true, Ordering::SeqCst);
     h.refuse_waiting("the task has moved to another process of the group");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(n: i32) -> Vec<TopicPartition> {
+        (0..n).map(|p| ("t".to_string(), p)).collect()
+    }
+
+    #[test]
+    fn assigned_partitions_open_on_the_least_loaded_thread_and_revoked_ones_are_released_first() {
+        let failed = Arc::new(AtomicBool::new(false));
+        let (m, inboxes) = Membership::new("g", parts(5), 2, failed);
+        m.assigned(&parts(3));
+        let opened = |rx: &Receiver<Order>| -> Vec<usize> {
+            rx.try_iter()
+                .filter_map(|o| match o {
+                    Order::Open(i) => Some(i),
+                    Order::Release { .. } => None,
+                })
+                .collect()
+        };
+        assert_eq!(opened(&inboxes[0]), [0, 2]);
+        assert_eq!(opened(&inboxes[1]), [1]);
+        // Assigned again (an eager rebalance) or unknown: nothing new.
+        m.assigned(&[("t".into(), 1), ("other".into(), 0)]);
+        assert!(opened(&inboxes[0]).is_empty() && opened(&inboxes[1]).is_empty());
+        assert!(m.owned[0].load(Ordering::SeqCst) && !m.owned[3].load(Ordering::SeqCst));
+
+        // A revocation returns once the thread has let the task go.
+        let worker = {
+            let rx = inboxes.into_iter().next().unwrap();
+            std::thread::spawn(move || match rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(Order::Release { task, checkpoint, done }) => {
+                    drop(done);
+                    (task, checkpoint)
+                }
+                _ => (usize::MAX, false),
+            })
+        };
+        m.revoked(&[("t".into(), 2)], false);
+        assert_eq!(worker.join().unwrap(), (2, true));
+        assert!(!m.owned[2].load(Ordering::SeqCst) && m.owned[0].load(Ordering::SeqCst));
+        assert_eq!(m.thread_of(2), None);
+        let s = m.status(vec!["t/0".into()]);
+        assert_eq!((s.assigned, s.revoked), (3, 1));
+    }
+}

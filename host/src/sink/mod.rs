@@ -417,4 +417,29 @@ mod tests {
         std::fs::write(&path, "").unwrap();
         assert!(JsonlSink::resume("output", &path, pos.committed_bytes).is_err());
     }
+
+    #[test]
+    fn a_task_back_in_a_process_of_its_group_appends_to_that_process_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (here, there) = (dir.path().join("a/late.jsonl"), dir.path().join("b/late.jsonl"));
+        let mut s = JsonlSink::create("late", &here).unwrap();
+        s.write_line(b"{\"n\":1}").unwrap();
+        s.commit().unwrap();
+        drop(s);
+        // The task went to another process, checkpointed there, and came back.
+        let mut s = JsonlSink::create("late", &there).unwrap();
+        s.write_line(b"{\"n\":2}").unwrap();
+        let pos = s.commit().unwrap().unwrap();
+        drop(s);
+        assert!(JsonlSink::open("late", &here, Some(&pos)).is_err(), "alone, it refuses to overwrite");
+        let mut s = JsonlSink::open_in_group("late", &here, Some(&pos)).unwrap();
+        s.write_line(b"{\"n\":3}").unwrap();
+        s.flush().unwrap();
+        assert_eq!(std::fs::read_to_string(&here).unwrap(), "{\"n\":1}\n{\"n\":3}\n");
+        // Its own file in its checkpoint: resumed at the committed length, as alone.
+        let mut s = JsonlSink::open_in_group("late", &there, Some(&pos)).unwrap();
+        s.write_line(b"{\"n\":4}").unwrap();
+        s.flush().unwrap();
+        assert_eq!(std::fs::read_to_string(&there).unwrap(), "{\"n\":2}\n{\"n\":4}\n");
+    }
 }

@@ -143,6 +143,14 @@ impl Member {
     }
 }
 
+impl Drop for Member {
+    fn drop(&mut self) {
+        // A test that failed leaves no process behind.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Every member's log (the folder of `log`), for a failure's message.
 fn all_logs(log: &Path) -> String {
     let mut logs: Vec<PathBuf> =
@@ -386,6 +394,91 @@ fn the_same_into_postgres_with_the_s3_store_stopped_for_a_while() {
             "{chk} has its meta: {keys:?}"
         );
     }
+}
+
+/// The plugins every task of `m` runs, one `name version` per task and aggregation.
+fn plugins_of(m: &Member) -> Vec<String> {
+    let s = m.status();
+    s["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t["plugins"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p.as_str().map(String::from))
+        .collect()
+}
+
+#[test]
+fn a_live_deploy_into_one_process_reaches_every_process_and_every_task_taken_later() {
+    const TOKEN: &str = "km0-group-token";
+    let broker = Tansu::start();
+    broker.create_topic(TOPIC, PARTITIONS as i32);
+    let s3 = S3::start("km0");
+    let mut env = s3.env();
+    env.push(("KM0_TOKEN", TOKEN.into()));
+    let dir = tempfile::tempdir().unwrap();
+    let producer = produce_slowly(broker.brokers.clone(), stream(60_000, 47), 10, Duration::from_millis(500));
+    let group = "km0-deploy";
+    let checkpoints = s3_checkpoints("s3://km0/jobs/deploy");
+    let sink = "kind = \"file\"\npath = \"out/alertas.jsonl\"";
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let start = |m: &str| {
+        let p = job(&dir.path().join(m), &kafka_source(&broker, group), sink, &checkpoints);
+        Member::start(&p, &env, logs.join(format!("{m}.log")))
+    };
+    let settled = |ms: &[&Member], each: usize| {
+        let t = Instant::now();
+        while !ms.iter().all(|m| m.owns().len() == each && plugins_of(m).len() == each) {
+            assert!(t.elapsed() < Duration::from_secs(90), "not settled: {}", ms[0].status()["tasks"]);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (a, b) = (start("a"), start("b"));
+    settled(&[&a, &b], 3);
+    assert!(plugins_of(&a).iter().all(|p| p.starts_with("min-stock 0.1.")), "{:?}", plugins_of(&a));
+
+    // Deployed through a alone.
+    let out = Command::new(km0_bin())
+        .args(["deploy", plugin("min-stock-v2").to_str().unwrap(), "--job", &a.url, "--json"])
+        .env("KM0_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), all_logs(&a.log));
+    let deployed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(deployed["status"], "swapped", "{deployed}");
+    let v2 = format!("min-stock {}", deployed["to"]["version"].as_str().unwrap());
+    let on_v2 = |m: &Member| {
+        let t = Instant::now();
+        while !plugins_of(m).iter().all(|p| *p == v2) || plugins_of(m).is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(30), "{:?}: {}", plugins_of(m), all_logs(&m.log));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    on_v2(&a);
+    // b takes it from the record in the shared store.
+    on_v2(&b);
+    assert!(
+        s3.keys("jobs/deploy/deploys/").iter().any(|k| k.ends_with("000001.json")),
+        "{:?}",
+        s3.keys("jobs/deploy/")
+    );
+    assert_eq!(s3.keys("jobs/deploy/deploys/").len(), 1, "one record: b does not record it again");
+    // A process that joins later runs the deployed plugin in every task it takes.
+    let c = start("c");
+    settled(&[&a, &b, &c], 2);
+    on_v2(&c);
+    producer.join().unwrap();
+    for m in [a, b, c] {
+        m.stop();
+    }
+    let root = dir.path();
+    let alerts: String = ["a", "b", "c"]
+        .iter()
+        .flat_map(|m| (0..PARTITIONS).map(move |t| root.join(format!("{m}/out/alertas-task-{t}.jsonl"))))
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
+    assert!(alerts.contains("suma_delta"), "v2's results are written");
 }
 
 /// Records read by every task of the members, as their statuses say (a task's `read`

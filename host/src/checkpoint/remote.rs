@@ -52,6 +52,20 @@ impl std::fmt::Debug for RemoteStore {
     }
 }
 
+/// A live deploy as the job's processes learn of it from the shared store: every
+/// process swaps it into the tasks it owns, and into each task it takes later.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeployRecord {
+    /// The component's SHA-256 (`components/<sha256>.wasm`).
+    pub sha256: String,
+    pub plugin: String,
+    pub version: String,
+    /// The aggregations it replaces.
+    pub aggregations: Vec<String>,
+    /// When it was deployed, epoch ms.
+    pub at_ms: i64,
+}
+
 fn err(url: &str, what: impl std::fmt::Display) -> Error {
     Error::Usage(format!("checkpoint store {url}: {what}"))
 }
@@ -372,6 +386,71 @@ impl RemoteStore {
             super::components::Component::new(bytes.to_vec()).put(dir)?;
         }
         Ok(())
+    }
+
+    /// Record a live deploy for every process of the job (this store is the job's, not a
+    /// task's): its component under `components/`, then the record `deploys/N.json`
+    /// (created only if absent: two deploys at once get numbers of their own). Its number.
+    pub fn record_deploy(&self, record: &DeployRecord, component: &[u8]) -> Result<u64> {
+        let url = &self.inner.url;
+        let to = self.inner.prefix.child(super::components::FOLDER).child(format!("{}.wasm", record.sha256));
+        if let Err(object_store::Error::NotFound { .. }) = self.block(self.inner.store.head(&to)) {
+            self.block(self.inner.store.put(&to, PutPayload::from(component.to_vec())))
+                .map_err(|e| err(url, format!("upload {to}: {e}")))?;
+        }
+        let body =
+            serde_json::to_vec(record).map_err(|e| err(url, format!("encode a deploy record: {e}")))?;
+        loop {
+            let n = self.latest_deploy()?.map_or(1, |(n, _)| n + 1);
+            let path = self.inner.prefix.child("deploys").child(format!("{n:06}.json"));
+            let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+            match self.block(self.inner.store.put_opts(&path, PutPayload::from(body.clone()), create)) {
+                Ok(_) => return Ok(n),
+                Err(object_store::Error::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(err(url, format!("record {path}: {e}"))),
+            }
+        }
+    }
+
+    /// The job's newest deploy record, if any (one that does not read is skipped).
+    pub fn latest_deploy(&self) -> Result<Option<(u64, DeployRecord)>> {
+        let url = &self.inner.url;
+        let dir = self.inner.prefix.child("deploys");
+        let listed = self
+            .block(self.inner.store.list_with_delimiter(Some(&dir)))
+            .map_err(|e| err(url, format!("list {dir}: {e}")))?;
+        let mut found: Vec<(u64, StorePath)> = listed
+            .objects
+            .into_iter()
+            .filter_map(|o| Some((o.location.filename()?.strip_suffix(".json")?.parse().ok()?, o.location)))
+            .collect();
+        found.sort_by_key(|(n, _)| *n);
+        while let Some((n, path)) = found.pop() {
+            let bytes = self
+                .block(async { self.inner.store.get(&path).await?.bytes().await })
+                .map_err(|e| err(url, format!("read {path}: {e}")))?;
+            match serde_json::from_slice(&bytes) {
+                Ok(record) => return Ok(Some((n, record))),
+                Err(e) => {
+                    tracing::warn!(record = %path, error = %e, "a deploy record that does not read is skipped")
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A deployed component's bytes, checked against its hash.
+    pub fn component(&self, sha256: &str) -> Result<Vec<u8>> {
+        let url = &self.inner.url;
+        let path = self.inner.prefix.child(super::components::FOLDER).child(format!("{sha256}.wasm"));
+        let bytes = self
+            .block(async { self.inner.store.get(&path).await?.bytes().await })
+            .map_err(|e| err(url, format!("download {path}: {e}")))?;
+        let bytes = bytes.to_vec();
+        if super::components::Component::new(bytes.clone()).sha256 != sha256 {
+            return Err(err(url, format!("{path} does not hash to its name")));
+        }
+        Ok(bytes)
     }
 
     /// The complete checkpoints, ascending.

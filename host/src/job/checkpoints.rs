@@ -254,11 +254,6 @@ impl Checkpointer {
         let i = self.failed_savepoints.iter().position(|(p, _)| p == path)?;
         Some(self.failed_savepoints.remove(i).1)
     }
-
-    /// Whether a snapshot is being written.
-    pub(super) fn busy(&self) -> bool {
-        self.writing.as_ref().is_some_and(|(h, _, _)| !h.is_finished())
-    }
 }
 
 /// A checkpoint's writer: any failure of a checkpoint fails the job.

@@ -142,6 +142,8 @@ pub struct AggregationStatus {
     pub name: String,
     pub plugin: String,
     pub plugin_version: String,
+    /// SHA-256 of the component it runs.
+    pub plugin_sha256: String,
     pub contract: String,
     pub open_windows: usize,
     pub keys: usize,
@@ -239,6 +241,9 @@ pub struct TaskStatus {
     pub open_windows: usize,
     /// Consumer lag of its partition (Kafka), as last fetched.
     pub lag: Option<i64>,
+    /// The plugin each aggregation runs, `name version` (a deploy reaches tasks one by
+    /// one).
+    pub plugins: Vec<String>,
 }
 
 /// A late event's or dead letter's reason, among the latest.

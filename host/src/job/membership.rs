@@ -72,6 +72,10 @@ pub(super) struct Membership {
     member_id: Mutex<String>,
     assigned: AtomicU64,
     revoked: AtomicU64,
+    /// The job's shared store, where live deploys are recorded for every process.
+    pub(super) deploys: Option<crate::checkpoint::remote::RemoteStore>,
+    /// The newest deploy record this process took, or refused (not tried again).
+    pub(super) deploy_seen: AtomicU64,
 }
 
 impl Membership {
@@ -82,6 +86,7 @@ impl Membership {
         partitions: Vec<TopicPartition>,
         threads: usize,
         failed: Arc<AtomicBool>,
+        deploys: Option<crate::checkpoint::remote::RemoteStore>,
     ) -> (Arc<Membership>, Vec<Receiver<Order>>) {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| channel()).unzip();
         let owned = partitions.iter().map(|_| Arc::new(AtomicBool::new(false))).collect();
@@ -95,6 +100,8 @@ impl Membership {
             member_id: Mutex::default(),
             assigned: AtomicU64::new(0),
             revoked: AtomicU64::new(0),
+            deploys,
+            deploy_seen: AtomicU64::new(0),
         };
         (Arc::new(m), receivers)
     }
@@ -176,18 +183,26 @@ impl Owner for Membership {
     }
 }
 
+/// How often a process looks for a deploy recorded by another.
+const DEPLOYS_EVERY: Duration = Duration::from_secs(2);
+
 /// Serve the group until the process leaves (a stop signal, a stop command setting
-/// `leave`, or a failed task), then leave it: every task hands over first.
+/// `leave`, or a failed task), then leave it: every task hands over first. Every
+/// [`DEPLOYS_EVERY`], `follow_deploys` brings the tasks to the job's newest deploy.
 pub(super) fn serve(
     member: GroupMember,
     membership: &Membership,
-    leave: &AtomicBool,
-    failed: &AtomicBool,
-    finished: &AtomicBool,
+    (leave, failed, finished): (&AtomicBool, &AtomicBool, &AtomicBool),
+    follow_deploys: &dyn Fn(),
 ) {
+    let mut looked = std::time::Instant::now();
     while !leave.load(Ordering::SeqCst) && !failed.load(Ordering::SeqCst) && !super::signals::stop_requested()
     {
         member.poll(Duration::from_millis(100));
+        if looked.elapsed() >= DEPLOYS_EVERY {
+            follow_deploys();
+            looked = std::time::Instant::now();
+        }
         if let Ok(mut id) = membership.member_id.lock() {
             *id = member.member_id();
         }
@@ -215,7 +230,7 @@ mod tests {
     #[test]
     fn assigned_partitions_open_on_the_least_loaded_thread_and_revoked_ones_are_released_first() {
         let failed = Arc::new(AtomicBool::new(false));
-        let (m, inboxes) = Membership::new("g", parts(5), 2, failed);
+        let (m, inboxes) = Membership::new("g", parts(5), 2, failed, None);
         m.assigned(&parts(3));
         let opened = |rx: &Receiver<Order>| -> Vec<usize> {
             rx.try_iter()

@@ -280,10 +280,13 @@ impl LoopControl {
         if self.holds_checkpoints() {
             return Ok(());
         }
-        let Some(p) = self.pending.as_mut().filter(|p| p.checkpoint_wanted) else { return Ok(()) };
-        if !running.has_checkpoints() || running.writing_snapshot() {
+        if !self.pending.as_ref().is_some_and(|p| p.checkpoint_wanted) || !running.has_checkpoints() {
             return Ok(());
         }
+        // A periodic checkpoint being written completes first (with a short interval and a
+        // slow store, one is nearly always under way: waiting for a gap could wait forever).
+        running.complete_snapshot(true)?;
+        let Some(p) = self.pending.as_mut() else { return Ok(()) };
         p.checkpoint = running.checkpoint()?;
         p.checkpoint_wanted = false;
         p.record.checkpoint = p.checkpoint.clone();

@@ -316,11 +316,6 @@ impl<'p> RunningJob<'p> {
         self.checkpoints.is_some()
     }
 
-    /// Whether a checkpoint or savepoint is being written.
-    pub(super) fn writing_snapshot(&self) -> bool {
-        self.checkpoints.as_ref().is_some_and(Checkpointer::busy)
-    }
-
     /// Tell the source and sinks of the snapshot being written, if it is complete (with
     /// `wait`, once it is).
     pub(super) fn complete_snapshot(&mut self, wait: bool) -> Result<()> {
@@ -410,6 +405,7 @@ impl<'p> RunningJob<'p> {
                     name: op.name().to_string(),
                     plugin: op.identity().name.clone(),
                     plugin_version: op.identity().version.clone(),
+                    plugin_sha256: op.identity().sha256.clone(),
                     contract: op.identity().contract.clone(),
                     open_windows: op.open_slots(),
                     keys: op.keys(),

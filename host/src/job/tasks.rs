@@ -191,7 +191,12 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     let (membership, mut inboxes, member) = match (&pipeline.source, in_group) {
         (SourceSpec::Kafka(k), true) => {
             let parts = tasks.iter().map(|t| kafka_partition(&t.pipeline)).collect();
-            let (m, inboxes) = Membership::new(&k.group, parts, threads, failed.clone());
+            // Live deploys are recorded in the job's shared store for every process.
+            let deploys = match pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref()) {
+                Some(url) => Some(crate::checkpoint::remote::RemoteStore::open(url)?),
+                None => None,
+            };
+            let (m, inboxes) = Membership::new(&k.group, parts, threads, failed.clone(), deploys);
             let member = GroupMember::join(k, m.clone())?;
             (Some(m), inboxes.into_iter().map(Some).collect(), Some(member))
         }
@@ -242,8 +247,15 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     let outcomes: Vec<std::thread::Result<Result<Driven>>> = std::thread::scope(|s| {
         let fan_thread = fan.as_ref().map(|f| s.spawn(move || f.serve()));
         let member_thread = member.zip(membership.clone()).map(|(member, m)| {
-            let (leave, failed, finished) = (&leave, failed_ref, finished_ref);
-            s.spawn(move || membership::serve(member, &m, leave, failed, finished))
+            let flags = (&leave, failed_ref, finished_ref);
+            let fan = fan.as_ref();
+            s.spawn(move || {
+                membership::serve(member, &m, flags, &|| {
+                    if let Some(f) = fan {
+                        f.follow_deploys();
+                    }
+                })
+            })
         });
         let workers: Vec<_> = (0..threads)
             .map(|t| {
@@ -594,10 +606,12 @@ impl Fan<'_> {
                 }
                 Some(Command::Stop { mode, reply }) => self.stop(mode, reply),
                 Some(Command::Deploy { deployment, reply }) => {
+                    let component = deployment.component.clone();
                     let answer = self.deploy(deployment, deployments.len() as u64 + 1);
                     if let Ok(d) = &answer {
                         savepoints.extend(d.savepoint.clone());
                         deployments.push(d.clone());
+                        self.record_deploy(d, &component);
                     }
                     let _ = reply.send(answer);
                 }
@@ -671,8 +685,20 @@ impl Fan<'_> {
         let Some(deployer) = self.outer.deployer.as_ref() else {
             return Err(Refused::Closed("this job takes no live deploys".into()));
         };
-        let live: Vec<&TaskPort> =
-            self.tasks.iter().filter(|t| t.owned() && !t.handle.closed.load(Ordering::SeqCst)).collect();
+        // A task that runs it already (in a group: swapped by an earlier round) is left be.
+        let targets: Vec<usize> = d.plugins.iter().map(|(i, _)| *i).collect();
+        let runs_it = |t: &TaskPort| {
+            let s = t.handle.status();
+            !s.aggregations.is_empty()
+                && targets
+                    .iter()
+                    .all(|&i| s.aggregations.get(i).is_some_and(|a| a.plugin_sha256 == d.component.sha256))
+        };
+        let live: Vec<&TaskPort> = self
+            .tasks
+            .iter()
+            .filter(|t| t.owned() && !t.handle.closed.load(Ordering::SeqCst) && !runs_it(t))
+            .collect();
         let mut each = Vec::with_capacity(live.len());
         for t in &live {
             each.push(deployer.again(&d, t.checkpoints.as_deref())?);
@@ -724,8 +750,94 @@ impl Fan<'_> {
             job.prepare_ms += s.prepare_ms;
         }
         job.checkpoint = None;
-        job.savepoint = Some(self.job_savepoint(&rollback)?);
+        job.savepoint = match &self.membership {
+            // A process of a group keeps no job savepoint: each task's rollback savepoint
+            // is its own (in the reply's tasks' folders).
+            Some(_) => swapped.first().and_then(|(_, s)| s.savepoint.clone()),
+            None => Some(self.job_savepoint(&rollback)?),
+        };
         Ok(job)
+    }
+
+    /// In a group: record a deploy made here for the other processes, once this one's
+    /// tasks run it.
+    fn record_deploy(&self, d: &Deployed, component: &crate::checkpoint::components::Component) {
+        let Some((m, store)) = self.membership.as_ref().and_then(|m| Some((m, m.deploys.as_ref()?))) else {
+            return;
+        };
+        // A deploy taken from the group's record is recorded already.
+        if store.latest_deploy().ok().flatten().is_some_and(|(_, r)| r.sha256 == component.sha256) {
+            return;
+        }
+        let record = crate::checkpoint::remote::DeployRecord {
+            sha256: component.sha256.clone(),
+            plugin: d.to.name.clone(),
+            version: d.to.version.clone(),
+            aggregations: d.aggregations.clone(),
+            at_ms: metrics::now_ms(),
+        };
+        match store.record_deploy(&record, &component.bytes) {
+            Ok(n) => {
+                m.deploy_seen.fetch_max(n, Ordering::SeqCst);
+                tracing::info!(record = n, plugin = %record.plugin, version = %record.version, "deploy recorded for the group");
+            }
+            Err(e) => tracing::error!(error = %e, "the deploy could not be recorded for the other processes"),
+        }
+    }
+
+    /// In a group: bring the tasks this process owns to the job's newest deploy (recorded
+    /// by another process, or older than a task this one just took).
+    fn follow_deploys(&self) {
+        let (Some(m), Some(deployer)) = (self.membership.as_ref(), self.outer.deployer.as_ref()) else {
+            return;
+        };
+        let Some(store) = m.deploys.as_ref() else { return };
+        let (n, record) = match store.latest_deploy() {
+            Ok(Some(latest)) => latest,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "looking for deploys of the group");
+                return;
+            }
+        };
+        let status = self.status(Instant::now());
+        let behind = status.tasks.iter().any(|t| {
+            let s = self.tasks.iter().find(|p| p.name == t.task).map(|p| p.handle.status());
+            s.is_some_and(|s| {
+                s.aggregations
+                    .iter()
+                    .any(|a| record.aggregations.contains(&a.name) && a.plugin_sha256 != record.sha256)
+            })
+        });
+        if !behind || m.deploy_seen.load(Ordering::SeqCst) > n {
+            return;
+        }
+        let bytes = match store.component(&record.sha256) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "fetching the group's deployed component");
+                return;
+            }
+        };
+        let running: Vec<String> = status.aggregations.iter().map(|a| a.plugin.clone()).collect();
+        let aggregation = (record.aggregations.len() == 1).then(|| record.aggregations[0].as_str());
+        let answer = deployer.prepare(bytes, aggregation, &running).and_then(|d| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            send(&self.outer, Command::Deploy { deployment: d, reply: tx });
+            rx.recv_timeout(Duration::from_secs(300))
+                .unwrap_or_else(|_| Err(Refused::Closed("no answer".into())))
+        });
+        match answer {
+            Ok(_) => {
+                tracing::info!(record = n, plugin = %record.plugin, version = %record.version, "deploy of the group taken")
+            }
+            Err(Refused::Upgrade(super::upgrade::Refusal::Starting)) => {}
+            Err(e) => {
+                // Not tried again: the deploy history and the log say why.
+                m.deploy_seen.fetch_max(n + 1, Ordering::SeqCst);
+                tracing::error!(record = n, error = %e, "this process refused the group's deploy");
+            }
+        }
     }
 
     /// A stop sent to every task; answered with the job savepoint once the job finished.
@@ -775,6 +887,11 @@ impl Fan<'_> {
                 records_per_second: s.records_per_second,
                 open_windows: s.aggregations.iter().map(|a| a.open_windows).sum(),
                 lag: (!s.lag.is_empty()).then(|| s.lag.iter().map(|l| l.lag).sum()),
+                plugins: s
+                    .aggregations
+                    .iter()
+                    .map(|a| format!("{} {}", a.plugin, a.plugin_version))
+                    .collect(),
             });
             if s.state == JobState::Starting {
                 continue;

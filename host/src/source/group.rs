@@ -76,9 +76,36 @@ fn names(parts: &[TopicPartition]) -> Vec<String> {
     parts.iter().map(|(t, p)| format!("{t}/{p}")).collect()
 }
 
+/// The member's consumer. Dropped, it closes with a deadline: rdkafka's own drop waits
+/// for the close without end, and a process whose broker is gone must still exit. The
+/// handle itself is left to the process's exit (a member lives as long as its job).
+struct Handle(std::mem::ManuallyDrop<BaseConsumer<MemberContext>>);
+
+/// How long a member's close may take when it is dropped.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+impl std::ops::Deref for Handle {
+    type Target = BaseConsumer<MemberContext>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if self.0.closed() || self.0.close_queue().is_err() {
+            return;
+        }
+        let t = std::time::Instant::now();
+        while !self.0.closed() && t.elapsed() < CLOSE_WAIT {
+            self.0.poll(Duration::from_millis(100));
+        }
+    }
+}
+
 /// Commits a task's checkpointed offsets through the member (cheap to clone).
 #[derive(Clone)]
-pub struct Committer(Arc<BaseConsumer<MemberContext>>);
+pub struct Committer(Arc<Handle>);
 
 impl std::fmt::Debug for Committer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -100,7 +127,7 @@ const LEAVE_WAIT: Duration = Duration::from_secs(120);
 
 /// This process in its job's consumer group.
 pub struct GroupMember {
-    consumer: Arc<BaseConsumer<MemberContext>>,
+    consumer: Arc<Handle>,
     group: String,
 }
 
@@ -143,7 +170,10 @@ impl GroupMember {
         let topics: Vec<&str> = spec.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics).map_err(|e| kafka("subscribe", e))?;
         tracing::info!(group = %spec.group, topics = ?spec.topics, "joining the consumer group");
-        Ok(GroupMember { consumer: Arc::new(consumer), group: spec.group.clone() })
+        Ok(GroupMember {
+            consumer: Arc::new(Handle(std::mem::ManuallyDrop::new(consumer))),
+            group: spec.group.clone(),
+        })
     }
 
     /// Serve the group protocol (heartbeats, rebalances: the owner is called from here)

@@ -468,8 +468,16 @@ impl<'p> RunningJob<'p> {
     pub(super) fn release(mut self, checkpoint: bool) -> Result<Summary> {
         if checkpoint {
             self.complete_snapshot(true)?;
-            self.checkpoint()?;
-            self.complete_snapshot(true)?;
+            // A task that read nothing since its last checkpoint (now complete) hands that
+            // one over: another would hold the same.
+            let current = self
+                .checkpoints
+                .as_ref()
+                .is_some_and(|c| !c.history.is_empty() && c.records_at_last == self.source.records());
+            if !current {
+                self.checkpoint()?;
+                self.complete_snapshot(true)?;
+            }
         }
         if let Some(mut port) = self.port.take() {
             port.answer_pending(&self, true);

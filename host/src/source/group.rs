@@ -218,7 +218,13 @@ impl GroupMember {
         while self.consumer.assignment().is_ok_and(|a| a.count() > 0) && t.elapsed() < LEAVE_WAIT {
             self.poll(Duration::from_millis(50));
         }
-        // Serve the leave request itself.
-        self.poll(Duration::from_millis(50));
+        // Close now (the member's LeaveGroup): the others rebalance at once, not when this
+        // process's handles are dropped.
+        if self.consumer.close_queue().is_ok() {
+            let t = std::time::Instant::now();
+            while !self.consumer.closed() && t.elapsed() < CLOSE_WAIT {
+                self.poll(Duration::from_millis(20));
+            }
+        }
     }
 }

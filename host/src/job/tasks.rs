@@ -356,6 +356,10 @@ impl TaskPort {
     }
 }
 
+/// How long a thread waits before it opens again a task that another process took while
+/// the group still gives it to this one (a rebalance that overlapped two owners).
+const REOPEN_AFTER: Duration = Duration::from_secs(2);
+
 /// Steps a task takes in a row on its thread before the next task's turn (up to ~64 000
 /// records, ~15 ms): with four tasks on one thread, turns of 1 024 records cost ~5% more CPU
 /// per record than one task, turns of 64 steps about 1% (the tasks' state and plugin
@@ -389,6 +393,8 @@ fn drive(
     }
     let (cpu0, t0) = (metrics::thread_cpu_time(), Instant::now());
     let mut summaries = Vec::with_capacity(thread.mine.len());
+    // Tasks fenced here, and when to open them again.
+    let mut retry: Vec<(usize, Instant)> = Vec::new();
     loop {
         if failed.load(Ordering::SeqCst) {
             return Err(Error::Usage("another task failed".into()));
@@ -403,7 +409,13 @@ fn drive(
             } else {
                 None
             };
-            for order in first.into_iter().chain(inbox.try_iter()) {
+            // Tasks fenced here that the group has not taken away since: open again (the
+            // other owner was the one the group moved it away from, or will be fenced in
+            // turn until the group settles).
+            let now = Instant::now();
+            let due: Vec<usize> = retry.iter().filter(|(_, at)| *at <= now).map(|(i, _)| *i).collect();
+            retry.retain(|(_, at)| *at > now);
+            for order in due.into_iter().map(Order::Open).chain(first).chain(inbox.try_iter()) {
                 match order {
                     Order::Open(i) => {
                         if let Some(h) = &opts[i].control {
@@ -413,7 +425,8 @@ fn drive(
                             Ok(job) => job,
                             // A newer owner took it already: the group moves it away soon.
                             Err(e @ Error::Fenced { .. }) => {
-                                tracing::warn!(task = %tasks[i].name, error = %e, "task not opened: another process owns it now");
+                                tracing::warn!(task = %tasks[i].name, error = %e, "task not opened: another process took it; trying again unless the group moves it");
+                                retry.push((i, Instant::now() + REOPEN_AFTER));
                                 continue;
                             }
                             Err(e) => return Err(fail(e, &tasks[i].name)),
@@ -422,6 +435,7 @@ fn drive(
                         live.push((i, job, step));
                     }
                     Order::Release { task, checkpoint, done } => {
+                        retry.retain(|(i, _)| *i != task);
                         if let Some(k) = live.iter().position(|(i, _, _)| *i == task) {
                             let (i, job, _) = live.remove(k);
                             match job.release(checkpoint) {
@@ -476,7 +490,8 @@ fn drive(
             }
             if let Some(e) = fenced {
                 let (i, _, _) = live.remove(k);
-                tracing::warn!(task = %tasks[i].name, error = %e, "task dropped: another process owns it now");
+                tracing::warn!(task = %tasks[i].name, error = %e, "task dropped: another process took it; trying again unless the group moves it");
+                retry.push((i, Instant::now() + REOPEN_AFTER));
                 if let Some(h) = &opts[i].control {
                     membership::close_port(h);
                 }

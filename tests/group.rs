@@ -481,20 +481,18 @@ fn a_live_deploy_into_one_process_reaches_every_process_and_every_task_taken_lat
     assert!(alerts.contains("suma_delta"), "v2's results are written");
 }
 
-/// Records read by every task of the members, as their statuses say (a task's `read`
-/// counts from the partition's start, its checkpoint's included).
+/// A number every task of the members reports in its status (`read`: from the
+/// partition's start, its checkpoint's included; `open_windows`), summed.
+fn summed(members: &[&Member], field: &str) -> u64 {
+    let of = |m: &&Member| -> u64 {
+        let s = m.status();
+        s["tasks"].as_array().into_iter().flatten().filter_map(|t| t[field].as_u64()).sum()
+    };
+    members.iter().map(of).sum()
+}
+
 fn read_by(members: &[&Member]) -> u64 {
-    members
-        .iter()
-        .map(|m| {
-            m.status()["tasks"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|t| t["read"].as_u64())
-                .sum::<u64>()
-        })
-        .sum()
+    summed(members, "read")
 }
 
 /// Wait until the members' tasks have read `n` records: the time it took.
@@ -561,17 +559,7 @@ fn measure_hand_off_and_throughput() {
         }
     };
     balanced(&[&a, &b], 3);
-    let open: u64 = [&a, &b]
-        .iter()
-        .map(|m| {
-            m.status()["tasks"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|t| t["open_windows"].as_u64())
-                .sum::<u64>()
-        })
-        .sum();
+    let open = summed(&[&a, &b], "open_windows");
     eprintln!("open windows over the 6 tasks: {open}");
     // One more record in every partition after the leave: when b has read them all, a's
     // partitions produce again in b.

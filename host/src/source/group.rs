@@ -11,9 +11,8 @@
 //! this one stopped. Offsets are committed through the member (it holds the group's
 //! generation; a commit from outside the group would be refused).
 
-use crate::pipeline::{KafkaSourceSpec, StartAt};
+use crate::pipeline::KafkaSourceSpec;
 use crate::{Error, Result};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use rdkafka::ClientContext;
@@ -145,16 +144,9 @@ impl GroupMember {
     /// Join `spec.group`, subscribed to the source's topics; rebalances go to `owner`
     /// (from [`Self::poll`]'s thread).
     pub fn join(spec: &KafkaSourceSpec, owner: Arc<dyn Owner>) -> Result<GroupMember> {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &spec.brokers)
-            .set("group.id", &spec.group)
-            .set("client.id", "km0-member")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            // It fetches nothing worth keeping (its partitions are paused at once).
-            .set("queued.max.messages.kbytes", "64")
-            .set("auto.offset.reset", if spec.start == StartAt::Latest { "latest" } else { "earliest" });
+        let mut config = super::kafka::group_config(spec, "km0-member");
+        // It fetches nothing worth keeping (its partitions are paused at once).
+        config.set("queued.max.messages.kbytes", "64");
         for (k, v) in MEMBER_DEFAULTS {
             config.set(k, v);
         }

@@ -277,6 +277,9 @@ pub struct PluginSpec {
     pub limits: Limits,
     /// What a plugin fault does to the job.
     pub on_error: OnError,
+    /// Faults of one key after which its events go to the dead letters without a call
+    /// (0: never).
+    pub quarantine_after: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -472,6 +475,8 @@ struct RawPlugin {
     max_memory_mb: Option<usize>,
     #[serde(default)]
     on_error: OnError,
+    #[serde(default)]
+    quarantine_after: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -628,7 +633,14 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
         }
         limits.memory_bytes = mb.saturating_mul(1 << 20);
     }
-    Ok(PluginSpec { path: resolve(&p.path), config, batch_size, limits, on_error: p.on_error })
+    Ok(PluginSpec {
+        path: resolve(&p.path),
+        config,
+        batch_size,
+        limits,
+        on_error: p.on_error,
+        quarantine_after: p.quarantine_after.unwrap_or(crate::window::operator::DEFAULT_QUARANTINE_AFTER),
+    })
 }
 
 impl Pipeline {

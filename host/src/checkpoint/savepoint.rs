@@ -65,6 +65,9 @@ pub struct OperatorMeta {
     pub slots: u64,
     pub rows: u64,
     pub counters: OperatorCounters,
+    /// Keys the plugin failed on, quarantined or not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<crate::window::operator::KeyFaults>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

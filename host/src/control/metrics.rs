@@ -243,6 +243,12 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
     );
     m.gauges("keys", "Keys with open windows per aggregation", None, &per_aggregation(|a| a.keys as f64));
     m.gauges(
+        "quarantined_keys",
+        "Keys quarantined per aggregation: their events go to the dead letters without a plugin call",
+        None,
+        &per_aggregation(|a| a.quarantined as f64),
+    );
+    m.gauges(
         "state",
         "Bytes of accumulators and keys held per aggregation (without the maps' overhead)",
         Some(Unit::Bytes),

@@ -18,7 +18,9 @@
 //!   live plugin swap ([`crate::job::swap`]); the reply is the deploy's record (the
 //!   record it happened at, its rollback savepoint, the checkpoint after it, the pause),
 //!   or a 4xx error saying why it was refused (the job goes on unchanged);
-//! - `GET /api/v1/deployments`: the deploy history of this run.
+//! - `GET /api/v1/deployments`: the deploy history of this run;
+//! - `DELETE /api/v1/quarantine[/AGGREGATION[/KEY]]`: release quarantined keys (all, an
+//!   aggregation's, or one); the reply says how many.
 //!
 //! Calls that change anything need `Authorization: Bearer TOKEN`: the token is `KM0_TOKEN`,
 //! or one generated at start into a file only its owner can read (its path is logged). A
@@ -35,10 +37,11 @@ pub use server::{HEADER_TIMEOUT, MAX_CONNECTIONS};
 use crate::job::commands::{Command, ControlHandle, JobState, JobStatus, Refused, StopMode};
 use crate::job::upgrade::Refusal;
 use crate::{Error, Result};
+use axum::extract::Path as UrlPath;
 use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -171,6 +174,9 @@ fn router(api: Api, guard: Arc<guard::Guard>) -> Router {
         .route("/api/v1/savepoints", post(savepoint).get(savepoints))
         .route("/api/v1/stop", post(stop))
         .route("/api/v1/deployments", post(deploy).get(deployments))
+        .route("/api/v1/quarantine", delete(release_all))
+        .route("/api/v1/quarantine/{aggregation}", delete(release_aggregation))
+        .route("/api/v1/quarantine/{aggregation}/{key}", delete(release_key))
         .with_state(api)
         .layer(axum::middleware::from_fn_with_state(guard, guard::check))
 }
@@ -401,6 +407,46 @@ async fn deploy(State(api): State<Api>, Query(q): Query<DeployQuery>, request: R
     }
 }
 
+/// Release quarantined keys (`key`: the key's fields joined by `|`, a `|` or `\` within a
+/// field escaped with `\`, as results and dead letters write keys).
+async fn release(api: Api, aggregation: Option<String>, key: Option<String>) -> Response {
+    let _answering = Answering::new(&api.handle);
+    let key = key.map(|k| split_key(&k));
+    match ask(&api, |reply| Command::Release { aggregation, key, reply }).await {
+        Ok(n) => Json(serde_json::json!({ "released": n })).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn release_all(State(api): State<Api>) -> Response {
+    release(api, None, None).await
+}
+
+async fn release_aggregation(State(api): State<Api>, UrlPath(aggregation): UrlPath<String>) -> Response {
+    release(api, Some(aggregation), None).await
+}
+
+async fn release_key(
+    State(api): State<Api>,
+    UrlPath((aggregation, key)): UrlPath<(String, String)>,
+) -> Response {
+    release(api, Some(aggregation), Some(key)).await
+}
+
+/// A key's fields from its text ([`crate::window::operator::push_key_part`] undone).
+fn split_key(text: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => fields.last_mut().into_iter().for_each(|f| f.extend(chars.next())),
+            '|' => fields.push(String::new()),
+            c => fields.last_mut().into_iter().for_each(|f| f.push(c)),
+        }
+    }
+    fields
+}
+
 /// A refused or failed command as an HTTP answer: the one place where a refusal gets
 /// its status.
 fn refusal(refused: Refused) -> Response {
@@ -427,5 +473,6 @@ fn status_of(refused: &Refused) -> StatusCode {
         },
         Refused::Closed(_) => StatusCode::CONFLICT,
         Refused::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        Refused::NotFound(_) => StatusCode::NOT_FOUND,
     }
 }

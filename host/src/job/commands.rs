@@ -25,6 +25,9 @@ pub enum Command {
     Stop { mode: StopMode, reply: Sender<Result<Option<PathBuf>, Refused>> },
     /// Swap in a new plugin (prepared off the job's thread by [`super::swap::Deployer`]).
     Deploy { deployment: super::swap::Deployment, reply: Sender<Result<Deployed, Refused>> },
+    /// Release quarantined keys: of one aggregation or all, one key (its fields) or all;
+    /// the reply says how many were released.
+    Release { aggregation: Option<String>, key: Option<Vec<String>>, reply: Sender<Result<usize, Refused>> },
 }
 
 impl Command {
@@ -35,6 +38,7 @@ impl Command {
             Command::Savepoint { reply } => drop(reply.send(Err(refused))),
             Command::Stop { reply, .. } => drop(reply.send(Err(refused))),
             Command::Deploy { reply, .. } => drop(reply.send(Err(refused))),
+            Command::Release { reply, .. } => drop(reply.send(Err(refused))),
         }
     }
 }
@@ -52,6 +56,9 @@ pub enum Refused {
     /// The command was carried out and failed (a savepoint that could not be written).
     #[error("{0}")]
     Failed(String),
+    /// What the command names is not there (an aggregation).
+    #[error("{0}")]
+    NotFound(String),
 }
 
 /// What a running job is doing (`starting` until its first status is published).
@@ -151,6 +158,10 @@ pub struct AggregationStatus {
     pub state_bytes: usize,
     /// Its plugin's calls since it was loaded (or swapped in).
     pub calls: crate::plugin::CallStats,
+    /// Keys quarantined: their events go to the dead letters without a call.
+    pub quarantined: usize,
+    /// Up to [`crate::window::operator::QUARANTINE_LISTED`] of them, the latest first.
+    pub quarantined_keys: Vec<crate::window::operator::KeyFaults>,
 }
 
 /// One checkpoint of this run.
@@ -251,7 +262,8 @@ pub struct TaskStatus {
 pub struct SideRecord {
     /// When the last one with this reason came, epoch ms.
     pub at_ms: i64,
-    /// `late` or `dead_letter`.
+    /// `late`, `dead_letter`, or `plugin_output` (what a plugin wrote to stdout or
+    /// stderr).
     pub output: &'static str,
     pub reason: String,
     pub aggregation: Option<String>,

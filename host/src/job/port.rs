@@ -110,6 +110,11 @@ impl LoopControl {
             let done = match command {
                 Command::Savepoint { reply } => self.savepoint(running, reply),
                 Command::Deploy { deployment, reply } => self.deploy(running, deployment, reply),
+                Command::Release { aggregation, key, reply } => {
+                    let released = running.release_keys(aggregation.as_deref(), key.as_deref());
+                    self.answer(reply, released);
+                    Ok(())
+                }
                 Command::Stop { mode, reply } => {
                     stop = Some((mode, reply));
                     break Ok(());

@@ -470,6 +470,7 @@ impl Job {
                 Verdict::InvalidKey => {
                     return self.dead_letter("a key field is not valid UTF-8", record, pos)
                 }
+                Verdict::Quarantined => self.quarantined(i, record, pos)?,
             }
         }
         // A late event cannot move the watermark: its time is below it.
@@ -615,6 +616,58 @@ impl Job {
         source.resume()
     }
 
+    /// The latest late events, dead letters and plugin output, oldest first.
+    pub(super) fn recent_side_outputs(&self) -> Vec<super::commands::SideRecord> {
+        let mut recent: Vec<super::commands::SideRecord> = self.recent.iter().cloned().collect();
+        for op in &self.ops {
+            recent.extend(op.plugin().printed().into_iter().map(|p| super::commands::SideRecord {
+                at_ms: p.at_ms,
+                output: "plugin_output",
+                reason: p.text,
+                aggregation: Some(op.name().to_string()),
+                count: 1,
+            }));
+        }
+        recent.sort_by_key(|r| r.at_ms);
+        let keep = recent.len().saturating_sub(super::commands::RECENT_SIDE_RECORDS);
+        recent.drain(..keep);
+        recent
+    }
+
+    /// Release quarantined keys of `aggregation` (None: every aggregation's): the key with
+    /// fields `key`, or all; how many were released.
+    pub(super) fn release(
+        &mut self,
+        aggregation: Option<&str>,
+        key: Option<&[String]>,
+    ) -> std::result::Result<usize, super::commands::Refused> {
+        if let Some(name) = aggregation {
+            if !self.ops.iter().any(|o| o.name() == name) {
+                let names: Vec<&str> = self.ops.iter().map(|o| o.name()).collect();
+                return Err(super::commands::Refused::NotFound(format!(
+                    "no aggregation {name:?}: the job has {names:?}"
+                )));
+            }
+        }
+        let mut released = 0;
+        for op in self.ops.iter_mut().filter(|o| aggregation.is_none_or(|a| o.name() == a)) {
+            released += op.release(key);
+        }
+        tracing::info!(released, aggregation = ?aggregation, key = ?key, "quarantined keys released");
+        Ok(released)
+    }
+
+    /// An event of a key aggregation `i` quarantined: to the dead letters, with the reason.
+    #[inline(never)]
+    fn quarantined(&mut self, i: usize, record: &[u8], pos: Position) -> Result<()> {
+        let reason = self.ops[i].quarantine_reason(&self.key_buf);
+        if self.ops.len() == 1 {
+            return self.dead_letter(&reason, record, pos);
+        }
+        let name = self.ops[i].name().to_string();
+        self.dead_letter_for(Some(name), &reason, record, pos)
+    }
+
     pub(super) fn dead_letter(&mut self, reason: &str, record: &[u8], pos: Position) -> Result<()> {
         self.dead_letter_for(None, reason, record, pos)
     }
@@ -731,8 +784,12 @@ impl Job {
         self.watermarks =
             Watermarks::restore(pipeline.event_time.watermark_delay_ms, idleness(pipeline), &meta.watermark);
         let wm = self.watermarks.current();
-        for (op, snap) in self.ops.iter_mut().zip(&snapshots) {
+        for ((op, snap), saved) in self.ops.iter_mut().zip(&snapshots).zip(&meta.operators) {
             op.restore(snap, wm, meta.rows_cover_slots)?;
+            // Faults are of the plugin that had them: a deploy starts afresh.
+            if saved.plugin.sha256 == op.identity().sha256 {
+                op.restore_faults(&saved.faults);
+            }
         }
         self.snapshot_id = meta.snapshot_id.clone();
         self.read = meta.counters.read;
@@ -819,6 +876,7 @@ impl Job {
                 slots,
                 rows,
                 counters: op.counters().clone(),
+                faults: op.saved_faults(),
             })
             .collect();
         Ok(SavepointMeta {
@@ -862,6 +920,7 @@ pub(super) fn operator(pipeline: &Pipeline, i: usize, plugin: Plugin, columns: V
         columns,
     );
     op.set_on_error(a.plugin.on_error);
+    op.set_quarantine_after(a.plugin.quarantine_after);
     op
 }
 

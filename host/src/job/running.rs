@@ -411,6 +411,8 @@ impl<'p> RunningJob<'p> {
                     keys: op.keys(),
                     state_bytes: op.state_bytes(),
                     calls: op.plugin().calls(),
+                    quarantined: op.quarantined(0).0,
+                    quarantined_keys: op.quarantined(crate::window::operator::QUARANTINE_LISTED).1,
                 })
                 .collect(),
             checkpoints: self.stats.count,
@@ -420,7 +422,7 @@ impl<'p> RunningJob<'p> {
             deployments: Vec::new(),
             records_per_second: 0.0,
             progress: progress(&self.source),
-            recent_side_outputs: job.recent.iter().cloned().collect(),
+            recent_side_outputs: job.recent_side_outputs(),
             backpressure_pauses: job.backpressure.0,
             backpressure_seconds: job.backpressure.1.as_secs_f64(),
             sink_in_flight: job.output.as_ref().and_then(ResultSink::in_flight).map(|n| n as u64),
@@ -523,6 +525,15 @@ impl<'p> RunningJob<'p> {
         // Everything read is in the sinks: show it to the consumer group.
         self.source.checkpoint_complete(&self.source.position());
         Ok(())
+    }
+
+    /// Release quarantined keys (see [`Job::release`]).
+    pub(super) fn release_keys(
+        &mut self,
+        aggregation: Option<&str>,
+        key: Option<&[String]>,
+    ) -> std::result::Result<usize, super::commands::Refused> {
+        self.job.release(aggregation, key)
     }
 
     /// What the run did; with `lag`, the consumer lag at its end (asked of the brokers).

@@ -620,6 +620,9 @@ impl Fan<'_> {
                     let _ = reply.send(answer);
                 }
                 Some(Command::Stop { mode, reply }) => self.stop(mode, reply),
+                Some(Command::Release { aggregation, key, reply }) => {
+                    let _ = reply.send(self.release(aggregation, key));
+                }
                 Some(Command::Deploy { deployment, reply }) => {
                     let component = deployment.component.clone();
                     let answer = self.deploy(deployment, deployments.len() as u64 + 1);
@@ -647,6 +650,34 @@ impl Fan<'_> {
             status.deployments = deployments.clone();
             self.outer.publish(status);
         }
+    }
+
+    /// Release quarantined keys in every task this process runs; how many were.
+    fn release(
+        &self,
+        aggregation: Option<String>,
+        key: Option<Vec<String>>,
+    ) -> std::result::Result<usize, Refused> {
+        let asked: Vec<_> = self
+            .tasks
+            .iter()
+            .filter(|t| t.owned() && !t.handle.closed.load(Ordering::SeqCst))
+            .map(|t| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let (aggregation, key) = (aggregation.clone(), key.clone());
+                send(&t.handle, Command::Release { aggregation, key, reply: tx });
+                (t, rx)
+            })
+            .collect();
+        let mut released = 0;
+        for (t, rx) in asked {
+            match wait(&t.handle, &rx) {
+                Ok(n) => released += n,
+                Err(Refused::Closed(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(released)
     }
 
     /// A savepoint of every task, then one job savepoint of them.
@@ -922,6 +953,10 @@ impl Fan<'_> {
                         j.open_windows += a.open_windows;
                         j.keys += a.keys;
                         j.state_bytes += a.state_bytes;
+                        j.quarantined += a.quarantined;
+                        j.quarantined_keys.extend(a.quarantined_keys.iter().cloned());
+                        j.quarantined_keys.sort_by(|a, b| b.at_ms.cmp(&a.at_ms));
+                        j.quarantined_keys.truncate(crate::window::operator::QUARANTINE_LISTED);
                     }
                     None => job.aggregations.push(a.clone()),
                 }

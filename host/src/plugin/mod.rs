@@ -14,7 +14,7 @@ pub mod sandbox;
 use crate::pipeline::hex;
 pub use crate::pipeline::{Limits, OnError};
 use crate::{Error, Result};
-use sandbox::{guest_state, GuestState};
+use sandbox::{guest_state, GuestOutput, GuestState};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -267,7 +267,8 @@ impl PluginRuntime {
         let fail = |message: String| Error::Plugin { plugin: label.to_string(), message };
         let component = cache::load(&self.engine, self.cache.as_deref(), bytes)
             .map_err(|e| fail(format!("not a WebAssembly component: {e:#}")))?;
-        let mut store = Store::new(&self.engine, guest_state(limits.memory_bytes));
+        let output = GuestOutput::default();
+        let mut store = Store::new(&self.engine, guest_state(limits.memory_bytes, &output));
         store.limiter(|s| &mut s.limiter);
         let deadline = (limits.call_timeout.as_millis() / EPOCH.as_millis()).max(1) as u64;
         store.set_epoch_deadline(deadline);
@@ -326,6 +327,9 @@ impl PluginRuntime {
             calls: CallStats::default(),
             ticker: self.ticker.clone(),
             packed_paused: 0,
+            output,
+            printed: std::collections::VecDeque::new(),
+            logged: None,
         })
     }
 }
@@ -362,12 +366,62 @@ pub struct Plugin {
     ticker: Arc<Ticker>,
     /// Calls left that return their records as a list ([`PACKED_PAUSE`]).
     packed_paused: u32,
+    /// What the guest writes to stdout and stderr.
+    output: GuestOutput,
+    /// The last things it wrote, one entry a call.
+    printed: std::collections::VecDeque<Printed>,
+    /// When its output last went to km0's log, and how many calls' output did not since.
+    logged: Option<(std::time::Instant, u64)>,
 }
+
+/// What a guest wrote to stdout or stderr during one call (its last lines).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Printed {
+    pub at_ms: i64,
+    pub text: String,
+}
+
+/// Calls' output a plugin keeps for the status.
+pub const PRINTED_KEPT: usize = 10;
+
+/// How often a plugin's output goes to km0's log (the calls in between are counted).
+const OUTPUT_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// Lines of a guest's output a fault's reason quotes.
+const REASON_LINES: usize = 5;
 
 impl Plugin {
     /// Its calls so far.
     pub fn calls(&self) -> &CallStats {
         &self.calls
+    }
+
+    /// What it wrote to stdout and stderr lately, oldest first.
+    pub fn printed(&self) -> Vec<Printed> {
+        self.printed.iter().cloned().collect()
+    }
+
+    /// A call wrote `text`: kept for the status, and logged at most once every
+    /// [`OUTPUT_LOG_EVERY`].
+    fn note_output(&mut self, text: &str) {
+        if self.printed.len() == PRINTED_KEPT {
+            self.printed.pop_front();
+        }
+        self.printed.push_back(Printed { at_ms: crate::metrics::now_ms(), text: text.to_string() });
+        let now = std::time::Instant::now();
+        match &mut self.logged {
+            Some((at, skipped)) if now.duration_since(*at) < OUTPUT_LOG_EVERY => *skipped += 1,
+            logged => {
+                let skipped = logged.map_or(0, |(_, n)| n);
+                tracing::info!(
+                    plugin = %format!("{} {}", self.identity.name, self.identity.version),
+                    calls_not_logged = skipped,
+                    "plugin output: {}",
+                    last_lines(text, REASON_LINES).escape_debug()
+                );
+                *logged = Some((now, 0));
+            }
+        }
     }
 
     pub fn info(&self) -> &PluginInfo {
@@ -396,7 +450,7 @@ impl Plugin {
     /// be entered again). State lives in the host, so nothing is lost.
     pub fn reset(&mut self) -> Result<()> {
         let engine = self.store.engine().clone();
-        let mut store = Store::new(&engine, guest_state(self.limits.memory_bytes));
+        let mut store = Store::new(&engine, guest_state(self.limits.memory_bytes, &self.output));
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(self.deadline);
         let running = self.ticker.running();
@@ -428,28 +482,27 @@ impl Plugin {
         let result = f(&self.instance, &mut self.store);
         self.calls.observe(t.elapsed());
         drop(running);
+        let printed = self.output.take();
+        if let Some(text) = &printed {
+            self.note_output(text);
+        }
+        let out_of_memory = self.store.data_mut().limiter.take_refused();
         match result {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(reason)) => {
                 self.calls.refused += 1;
                 Err(self.call_error(call, reason))
             }
-            Err(trap) if trap.downcast_ref::<Trap>() == Some(&Trap::Interrupt) => {
-                self.calls.timed_out += 1;
-                Err(self.call_error(
-                    call,
-                    format!(
-                        "ran longer than its limit of {:?} for one call and was stopped",
-                        self.limits.call_timeout
-                    ),
-                ))
-            }
             Err(trap) => {
-                self.calls.trapped += 1;
-                Err(self.call_error(
-                    call,
-                    format!("trapped (memory limit {} MiB): {trap:#}", self.limits.memory_bytes >> 20),
-                ))
+                let kind = trap.downcast_ref::<Trap>().copied();
+                if kind == Some(Trap::Interrupt) {
+                    self.calls.timed_out += 1;
+                } else {
+                    self.calls.trapped += 1;
+                }
+                tracing::debug!(call, "plugin trap: {trap:#}");
+                let reason = fault_reason(kind, &trap, out_of_memory, &self.limits, printed.as_deref());
+                Err(self.call_error(call, reason))
             }
         }
     }
@@ -584,6 +637,80 @@ impl Plugin {
             prev = e;
         }
         Ok(())
+    }
+}
+
+/// Why a call trapped, in the words of what happened: out of time (with the limit), out
+/// of memory (only when the instance asked for more than its budget), a panic (with the
+/// guest's message and where it was), or the trap's kind; then the last lines the guest
+/// wrote that are not part of its panic message.
+fn fault_reason(
+    kind: Option<Trap>,
+    trap: &wasmtime::Error,
+    out_of_memory: bool,
+    limits: &Limits,
+    printed: Option<&str>,
+) -> String {
+    let panic = printed.and_then(panic_message);
+    let mut reason = match (kind, &panic) {
+        (Some(Trap::Interrupt), _) => {
+            format!("ran longer than its limit of {:?} for one call and was stopped", limits.call_timeout)
+        }
+        (_, _) if out_of_memory => format!(
+            "ran out of memory: it asked for more than its limit of {} MiB",
+            limits.memory_bytes >> 20
+        ),
+        (_, Some((message, _))) => message.clone(),
+        (Some(Trap::StackOverflow), _) => "overflowed its stack".into(),
+        (Some(kind), _) => format!("trapped: {kind}"),
+        // Not a trap of the guest's code: the host's error (first line; the rest is a
+        // backtrace).
+        (None, _) => format!("failed: {}", format!("{trap:#}").lines().next().unwrap_or("")),
+    };
+    let rest = match (&panic, printed) {
+        (Some((_, rest)), _) => rest.trim().to_string(),
+        (None, Some(text)) => text.trim().to_string(),
+        (None, None) => String::new(),
+    };
+    if !rest.is_empty() {
+        reason.push_str("; it wrote: ");
+        reason.push_str(&last_lines(&rest, REASON_LINES));
+    }
+    reason
+}
+
+/// A Rust guest's panic report in what it wrote (`thread '..' panicked at FILE:LINE:COL:`
+/// then the message, up to the `note:` line): "panicked at FILE:LINE:COL: MESSAGE", and
+/// the lines before the report.
+fn panic_message(printed: &str) -> Option<(String, String)> {
+    let at = printed.rfind(" panicked at ")?;
+    let line_start = printed[..at].rfind('\n').map_or(0, |i| i + 1);
+    let report = &printed[at + " panicked at ".len()..];
+    let mut lines = report.lines();
+    let place = lines.next()?.trim_end_matches(':').trim();
+    let message: Vec<&str> = lines.take_while(|l| !l.starts_with("note: ")).collect();
+    let message = message.join(" / ");
+    let message = message.trim();
+    let text = if message.is_empty() {
+        format!("panicked at {place}")
+    } else {
+        format!("panicked at {place}: {message}")
+    };
+    Some((text, printed[..line_start].to_string()))
+}
+
+/// The last `n` lines of `text`, joined by " / ", at most 1 000 characters (without Rust's
+/// hint about backtraces, which a guest cannot take).
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE=1`"))
+        .collect();
+    let joined = lines[lines.len().saturating_sub(n)..].join(" / ");
+    match joined.char_indices().rev().nth(999) {
+        Some((i, _)) => format!("...{}", &joined[i..]),
+        None => joined,
     }
 }
 

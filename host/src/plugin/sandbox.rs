@@ -2,7 +2,9 @@
 //! budget for the whole instance.
 //!
 //! - **Nothing to reach**: no preopened directories, no network, no environment, no
-//!   arguments, stdin closed and stdout/stderr discarded.
+//!   arguments, stdin closed; stdout and stderr go to a bounded buffer in memory
+//!   ([`GuestOutput`]: its last lines tell why a call failed, and what a guest prints
+//!   reaches the log and the status).
 //! - **No way to wait**: `wasi:io/poll`'s `poll` and `pollable.block` return at once, as
 //!   if everything were ready (a guest has nothing real to wait for), so a guest cannot
 //!   sleep in a host call where epoch interruption does not reach it: the call timeout is
@@ -14,11 +16,14 @@
 //!   at [`TABLE_ELEMENT_BYTES`] an element) may not exceed the memory limit, and the
 //!   number of memories, tables and instances is bounded.
 
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::p2::bindings::sync::io::poll;
-use wasmtime_wasi::p2::DynPollable;
+use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 /// What the guests' wall clock reads: 2000-01-01T00:00:00Z, always.
@@ -39,15 +44,108 @@ pub struct GuestState {
     pub(crate) limiter: GuestLimiter,
 }
 
+/// Bytes of a guest's output kept: the last ones written.
+pub const OUTPUT_TAIL: usize = 4096;
+
+/// What a guest writes to stdout and stderr (one stream, as on a terminal): the last
+/// [`OUTPUT_TAIL`] bytes are kept, older ones dropped; writing never fails and never
+/// blocks, whatever the guest writes.
+#[derive(Clone, Default)]
+pub struct GuestOutput(Arc<Mutex<Tail>>);
+
+#[derive(Default)]
+struct Tail {
+    bytes: Vec<u8>,
+    /// Bytes written since the last take.
+    written: usize,
+}
+
+impl GuestOutput {
+    fn append(&self, b: &[u8]) {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        t.written = t.written.saturating_add(b.len());
+        let b = &b[b.len().saturating_sub(OUTPUT_TAIL)..];
+        t.bytes.extend_from_slice(b);
+        if t.bytes.len() > 2 * OUTPUT_TAIL {
+            let cut = t.bytes.len() - OUTPUT_TAIL;
+            t.bytes.drain(..cut);
+        }
+    }
+
+    /// What was written since the last take (its last [`OUTPUT_TAIL`] bytes, as text),
+    /// if anything was.
+    pub fn take(&self) -> Option<String> {
+        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if t.written == 0 {
+            return None;
+        }
+        let start = t.bytes.len().saturating_sub(OUTPUT_TAIL);
+        let text = String::from_utf8_lossy(&t.bytes[start..]).into_owned();
+        let cut = t.written > OUTPUT_TAIL;
+        t.bytes.clear();
+        t.written = 0;
+        Some(if cut { format!("...{text}") } else { text })
+    }
+}
+
+impl wasmtime_wasi::cli::IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl wasmtime_wasi::cli::StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for GuestOutput {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for GuestOutput {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        self.append(&bytes);
+        Ok(())
+    }
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 << 10)
+    }
+}
+
+impl tokio::io::AsyncWrite for GuestOutput {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.append(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl WasiView for GuestState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 
-/// A WASI context with nothing in it, and a budget of `memory_bytes`.
-pub fn guest_state(memory_bytes: usize) -> GuestState {
+/// A WASI context with nothing in it but `output` for stdout and stderr, and a budget of
+/// `memory_bytes`.
+pub fn guest_state(memory_bytes: usize, output: &GuestOutput) -> GuestState {
     let mut b = WasiCtxBuilder::new();
+    b.stdout(output.clone());
+    b.stderr(output.clone());
     // Fixed randomness: guests' hash maps and the like behave the same on every replay.
     b.secure_random(wasmtime_wasi::random::Deterministic::new(vec![0x6b, 0x6d, 0x30, 0x21]));
     b.insecure_random(wasmtime_wasi::random::Deterministic::new(vec![0x30, 0x6d, 0x6b, 0x21]));
@@ -57,7 +155,7 @@ pub fn guest_state(memory_bytes: usize) -> GuestState {
     GuestState {
         wasi: b.build(),
         table: ResourceTable::new(),
-        limiter: GuestLimiter { budget: memory_bytes, used: 0 },
+        limiter: GuestLimiter { budget: memory_bytes, used: 0, refused: false },
     }
 }
 
@@ -126,6 +224,8 @@ impl poll::HostPollable for NoWaitPoll<'_> {
 pub struct GuestLimiter {
     budget: usize,
     used: usize,
+    /// A growth was refused for the budget since the last [`GuestLimiter::take_refused`].
+    refused: bool,
 }
 
 impl GuestLimiter {
@@ -135,8 +235,16 @@ impl GuestLimiter {
                 self.used = total;
                 true
             }
-            _ => false,
+            _ => {
+                self.refused = true;
+                false
+            }
         }
+    }
+
+    /// Whether the instance asked for more than its budget since the last take.
+    pub fn take_refused(&mut self) -> bool {
+        std::mem::take(&mut self.refused)
     }
 }
 
@@ -202,7 +310,7 @@ mod tests {
     fn instantiate(wasm: &[u8], budget: usize) -> wasmtime::Result<()> {
         let engine = Engine::default();
         let module = Module::new(&engine, wasm)?;
-        let mut store = Store::new(&engine, GuestLimiter { budget, used: 0 });
+        let mut store = Store::new(&engine, GuestLimiter { budget, used: 0, refused: false });
         store.limiter(|l| l);
         Instance::new(&mut store, &module, &[]).map(|_| ())
     }

@@ -44,6 +44,7 @@ impl Counters {
             windows_fired: o.windows_fired,
             emitted: o.emitted,
             retracted: o.retracted,
+            ..OperatorCounters::default()
         });
     }
 
@@ -67,6 +68,7 @@ impl OperatorCounters {
         self.windows_fired += o.windows_fired;
         self.emitted += o.emitted;
         self.retracted += o.retracted;
+        self.quarantined += o.quarantined;
     }
 }
 
@@ -86,6 +88,9 @@ pub struct OperatorCounters {
     /// Retractions written (results superseded under another key).
     #[serde(default)]
     pub retracted: u64,
+    /// Events of quarantined keys, dead-lettered without a call.
+    #[serde(default)]
+    pub quarantined: u64,
 }
 
 /// One staged value, for savepoints.

@@ -2,7 +2,9 @@
 //! (`wit/aggregate.wit`): the WebAssembly [`Plugin`] in a job, a native double in the
 //! window semantics' unit tests, which then run without WebAssembly.
 
-use crate::plugin::{CallStats, Emitted, Events, Groups, Packed, Plugin, PluginIdentity, PluginInfo};
+use crate::plugin::{
+    CallStats, Emitted, Events, Groups, Packed, Plugin, PluginIdentity, PluginInfo, Printed,
+};
 use crate::Result;
 
 /// The user's aggregate logic, called with batches. Faults are [`crate::Error::PluginCall`]
@@ -58,6 +60,10 @@ pub trait Aggregator: Send {
     fn calls(&self) -> CallStats {
         CallStats::default()
     }
+    /// What the logic wrote to stdout and stderr lately (nothing: empty).
+    fn printed(&self) -> Vec<Printed> {
+        Vec::new()
+    }
 }
 
 impl Aggregator for Plugin {
@@ -111,6 +117,10 @@ impl Aggregator for Plugin {
 
     fn calls(&self) -> CallStats {
         Plugin::calls(self).clone()
+    }
+
+    fn printed(&self) -> Vec<Printed> {
+        Plugin::printed(self)
     }
 }
 

@@ -844,32 +844,39 @@ impl Batch {
         rows
     }
 
-    /// Group `i` of the last assembled call alone, as a call of its own.
-    pub fn single(&self, i: usize) -> (Groups, Events) {
+    /// Groups `which` of the last assembled call (in that order), as a call of their own.
+    pub fn subset(&self, which: &[usize]) -> (Groups, Events) {
         let arity = self.groups.key_arity as usize;
         let mut g = empty_groups(arity as u32);
-        for j in 0..arity {
-            packed_push(&mut g.keys, crate::plugin::packed_item(&self.groups.keys, i * arity + j));
+        let mut rows: Vec<usize> = Vec::new();
+        let mut group_ends = Vec::with_capacity(which.len());
+        for &i in which {
+            for j in 0..arity {
+                packed_push(&mut g.keys, crate::plugin::packed_item(&self.groups.keys, i * arity + j));
+            }
+            g.window_start.push(self.groups.window_start[i]);
+            g.window_end.push(self.groups.window_end[i]);
+            packed_push(&mut g.accumulators, crate::plugin::packed_item(&self.groups.accumulators, i));
+            let s = if i == 0 { 0 } else { self.events.group_ends[i - 1] as usize };
+            rows.extend(s..self.events.group_ends[i] as usize);
+            group_ends.push(rows.len() as u32);
         }
-        g.window_start.push(self.groups.window_start[i]);
-        g.window_end.push(self.groups.window_end[i]);
-        packed_push(&mut g.accumulators, crate::plugin::packed_item(&self.groups.accumulators, i));
-        let s = if i == 0 { 0 } else { self.events.group_ends[i - 1] as usize };
-        let e = self.events.group_ends[i] as usize;
         let columns = self
             .events
             .columns
             .iter()
             .map(|c| match c {
-                Column::Int(v) => Column::Int(v[s..e].to_vec()),
-                Column::Float(v) => Column::Float(v[s..e].to_vec()),
-                Column::Boolean(v) => Column::Boolean(v[s..e].to_vec()),
-                Column::Text(p) => Column::Text(packed_of((s..e).map(|r| crate::plugin::packed_item(p, r)))),
+                Column::Int(v) => Column::Int(rows.iter().map(|&r| v[r]).collect()),
+                Column::Float(v) => Column::Float(rows.iter().map(|&r| v[r]).collect()),
+                Column::Boolean(v) => Column::Boolean(rows.iter().map(|&r| v[r]).collect()),
+                Column::Text(p) => {
+                    Column::Text(packed_of(rows.iter().map(|&r| crate::plugin::packed_item(p, r))))
+                }
             })
             .collect();
         let events = Events {
-            group_ends: vec![(e - s) as u32],
-            event_time: self.events.event_time[s..e].to_vec(),
+            group_ends,
+            event_time: rows.iter().map(|&r| self.events.event_time[r]).collect(),
             columns,
         };
         (g, events)

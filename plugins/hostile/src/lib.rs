@@ -9,7 +9,11 @@
 //! - `sleep`: sleeps 5 s in every `add`; `sleep_forever`: sleeps in a loop;
 //! - `merge_panic`: panics in `merge` (sliding panes, sessions);
 //! - `probe`: tries the filesystem, the environment, the clocks and the network, and
-//!   reports what it got (a sandboxed plugin gets nothing, and clocks that stand still).
+//!   reports what it got (a sandboxed plugin gets nothing, and clocks that stand still);
+//! - `poisoned`: counts events per window (`{"key", "events"}`), except for four keys:
+//!   it loops forever on `loop_key`, allocates without bound on `alloc_key`, panics
+//!   ("boom") on `panic_key`, and on `probe_key` probes the filesystem, environment and
+//!   network and writes what it got to stderr (then counts as usual).
 
 //!
 //! `hostile-ordered` is the same logic with ordered input.

@@ -15,6 +15,11 @@ pub struct Hostile {
     key: String,
     /// With `panic_at`: the event time that makes it panic.
     time: i64,
+    /// With `poisoned`: the keys it loops, allocates, panics and probes on.
+    loop_key: String,
+    alloc_key: String,
+    panic_key: String,
+    probe_key: String,
 }
 
 impl Aggregate for Hostile {
@@ -26,14 +31,41 @@ impl Aggregate for Hostile {
     type Acc = Acc;
 
     fn configure(config: &Config) -> Result<Self, String> {
-        config.only(&["behaviour", "key", "time"])?;
+        config.only(&["behaviour", "key", "time", "loop_key", "alloc_key", "panic_key", "probe_key"])?;
         let text = |name: &str| config.get(name).and_then(|v| v.as_str()).unwrap_or("").to_string();
         let behaviour = Some(text("behaviour")).filter(|b| !b.is_empty()).unwrap_or_else(|| "probe".into());
-        Ok(Hostile { behaviour, key: text("key"), time: config.int_or("time", i64::MIN)? })
+        Ok(Hostile {
+            behaviour,
+            key: text("key"),
+            time: config.int_or("time", i64::MIN)?,
+            loop_key: text("loop_key"),
+            alloc_key: text("alloc_key"),
+            panic_key: text("panic_key"),
+            probe_key: text("probe_key"),
+        })
     }
 
     fn add(&self, acc: &mut Acc, group: &Group<'_>, events: &Events<'_>) {
-        match self.behaviour.as_str() {
+        let behaviour = match self.behaviour.as_str() {
+            "poisoned" => {
+                let key = group.key(0);
+                if key == self.loop_key {
+                    "loop"
+                } else if key == self.alloc_key {
+                    "alloc"
+                } else if key == self.panic_key {
+                    panic!("boom")
+                } else {
+                    if key == self.probe_key {
+                        let (file, dir, net) = probe();
+                        eprintln!("probe of {key}: file {file}, dir {dir}, net {net}, env {}", std::env::vars().count());
+                    }
+                    "count"
+                }
+            }
+            other => other,
+        };
+        match behaviour {
             "loop" => {
                 let mut x: u64 = events.len() as u64;
                 loop {
@@ -77,13 +109,12 @@ impl Aggregate for Hostile {
 
     fn finish(&self, acc: &Acc, group: &Group<'_>, out: &mut Output) {
         match self.behaviour.as_str() {
+            "poisoned" => out.emit(&serde_json::json!({ "key": group.key(0), "events": acc.n })),
             "garbage" => out.emit_raw("this is {not json"),
             "huge" => out.emit(&serde_json::json!({ "key": group.key(0), "blob": "x".repeat(2 << 20) })),
             "big" => out.emit(&serde_json::json!({ "key": group.key(0), "blob": "x".repeat(300_000) })),
             _ => {
-                let file = std::fs::read_to_string("/etc/passwd").map(|s| s.len()).map_err(|e| e.to_string());
-                let dir = std::fs::read_dir("/").map(|d| d.count()).map_err(|e| e.to_string());
-                let net = std::net::TcpStream::connect("127.0.0.1:9").map(|_| ()).map_err(|e| e.to_string());
+                let (file, dir, net) = probe();
                 let wall_ms = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_millis() as u64)
@@ -94,11 +125,11 @@ impl Aggregate for Hostile {
                 out.emit(&serde_json::json!({
                     "key": group.key(0),
                     "events": acc.n,
-                    "file": format!("{file:?}"),
-                    "dir": format!("{dir:?}"),
+                    "file": file,
+                    "dir": dir,
                     "env": std::env::vars().count(),
                     "args": std::env::args().count(),
-                    "net": format!("{net:?}"),
+                    "net": net,
                     "wall_ms": wall_ms,
                     "slept_ns": slept_ns,
                 }));
@@ -107,3 +138,12 @@ impl Aggregate for Hostile {
     }
 }
 
+
+/// What the filesystem and the network give: `/etc/passwd`'s length, the entries of `/`,
+/// a connection to 127.0.0.1:9 (each `Ok(..)` or `Err(reason)`, debug-printed).
+fn probe() -> (String, String, String) {
+    let file = std::fs::read_to_string("/etc/passwd").map(|s| s.len()).map_err(|e| e.to_string());
+    let dir = std::fs::read_dir("/").map(|d| d.count()).map_err(|e| e.to_string());
+    let net = std::net::TcpStream::connect("127.0.0.1:9").map(|_| ()).map_err(|e| e.to_string());
+    (format!("{file:?}"), format!("{dir:?}"), format!("{net:?}"))
+}

@@ -67,11 +67,33 @@ impl WindowOperator {
             self.batch.recycle(groups);
             return Ok(());
         }
-        let accs = match self.plugin.add(&self.batch.groups, &self.batch.events) {
+        if self.quarantine.any() && self.on_error == OnError::DeadLetter {
+            let (suspects, rest): (Vec<usize>, Vec<usize>) =
+                (0..groups.len()).partition(|&i| self.quarantine.suspects(groups[i].0));
+            if !suspects.is_empty() {
+                self.add_apart(&groups, &rest, &suspects)?;
+                self.batch.recycle(groups);
+                return Ok(());
+            }
+        }
+        let called = if std::mem::take(&mut self.isolate_next) {
+            Err(Error::PluginCall {
+                plugin: self.identity().name.clone(),
+                call: "add-and-finish",
+                message: "failed on these rows".into(),
+            })
+        } else {
+            self.plugin.add(&self.batch.groups, &self.batch.events)
+        };
+        let accs = match called {
             Ok(accs) => accs,
             Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
                 tracing::warn!(error = %e, "plugin fault: isolating the groups of the batch");
-                return self.add_one_by_one(&groups);
+                self.plugin.reset()?;
+                let all: Vec<usize> = (0..groups.len()).collect();
+                self.add_one_by_one(&groups, &all)?;
+                self.batch.recycle(groups);
+                return Ok(());
             }
             Err(e) => return Err(e),
         };
@@ -81,6 +103,31 @@ impl WindowOperator {
         }
         self.batch.recycle(groups);
         Ok(())
+    }
+
+    /// A batch with groups of keys that faulted before (`suspects`): the other groups in
+    /// one call (one by one after a fault), then each suspect's in a call of its own, so
+    /// that a key that fails again costs one call, not the batch's and its own.
+    fn add_apart(&mut self, groups: &[(u32, i64)], rest: &[usize], suspects: &[usize]) -> Result<()> {
+        if !rest.is_empty() {
+            let (g, ev) = self.batch.subset(rest);
+            match self.plugin.add(&g, &ev) {
+                Ok(accs) => {
+                    for (j, &i) in rest.iter().enumerate() {
+                        let (key, id) = groups[i];
+                        self.hold(i, key, id);
+                        self.state.set_acc(key, id, packed_item(&accs, j));
+                    }
+                }
+                Err(e @ Error::PluginCall { .. }) => {
+                    tracing::warn!(error = %e, "plugin fault: isolating the groups of the batch");
+                    self.plugin.reset()?;
+                    self.add_one_by_one(groups, rest)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.add_one_by_one(groups, suspects)
     }
 
     /// Ordered plugins: group `i` of the last call succeeded; keep its rows for a later
@@ -136,12 +183,12 @@ impl WindowOperator {
             .collect()
     }
 
-    /// After a fault: a fresh instance, then one call per group; the groups that fail
-    /// again are dead-lettered (their accumulators stay as they were).
-    pub(super) fn add_one_by_one(&mut self, groups: &[(u32, i64)]) -> Result<()> {
-        self.plugin.reset()?;
-        for (i, &(key, id)) in groups.iter().enumerate() {
-            let (g, ev) = self.batch.single(i);
+    /// One call per group `which` of the batch (after a fault: with a fresh instance);
+    /// the groups that fail are dead-lettered (their accumulators stay as they were).
+    pub(super) fn add_one_by_one(&mut self, groups: &[(u32, i64)], which: &[usize]) -> Result<()> {
+        for &i in which {
+            let (key, id) = groups[i];
+            let (g, ev) = self.batch.subset(&[i]);
             match self.plugin.add(&g, &ev) {
                 Ok(acc) => {
                     self.hold(i, key, id);
@@ -166,13 +213,7 @@ impl WindowOperator {
                     }
                     self.counters.accepted -= rejected_times.len() as u64;
                     let window = Window { start: g.window_start[0], end: g.window_end[0] };
-                    let key_text = self.key_text(key);
-                    self.rejected.push(Rejected {
-                        key: key_text,
-                        window,
-                        event_times: rejected_times,
-                        reason: e.to_string(),
-                    });
+                    self.reject(key, window, rejected_times, e.to_string());
                 }
                 Err(e) => return Err(e),
             }

@@ -15,11 +15,14 @@
 
 mod calls;
 mod panes;
+mod quarantine;
 mod results;
 mod session;
 mod snapshot;
 
 use calls::new_batch;
+use quarantine::Quarantine;
+pub use quarantine::{KeyFaults, DEFAULT_QUARANTINE_AFTER, QUARANTINE_LISTED};
 pub use results::push_key_part;
 use results::{key_string, order_windows, CallGroups};
 use session::{SessionLists, SessionRef};
@@ -74,6 +77,9 @@ pub enum Verdict {
     },
     /// The key, seen for the first time, is not valid UTF-8 (nothing was changed).
     InvalidKey,
+    /// The key is quarantined: the event goes to the dead letters, the plugin is not
+    /// called (see [`WindowOperator::quarantine_reason`]).
+    Quarantined,
 }
 
 /// Events (or a window's result) a faulty plugin could not take, for the dead-letter
@@ -167,6 +173,10 @@ pub struct WindowOperator {
     /// Slots whose every event the plugin rejected: removed at the next safe point (not
     /// in the middle of a merge that holds on to them), unless an event reached them since.
     doomed: Vec<(u32, i64)>,
+    /// Faults by key, and the keys quarantined.
+    quarantine: Quarantine,
+    /// The next hand-over calls one group at a time: its rows just failed together.
+    isolate_next: bool,
 }
 
 impl WindowOperator {
@@ -221,6 +231,8 @@ impl WindowOperator {
             held: FastMap::default(),
             reopened: FastMap::default(),
             doomed: Vec::new(),
+            quarantine: Quarantine::new(DEFAULT_QUARANTINE_AFTER),
+            isolate_next: false,
         }
     }
 
@@ -367,6 +379,10 @@ impl WindowOperator {
             return Ok(Verdict::Late { window: self.assigner.window_ending(last) });
         }
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
+        if self.quarantine.holds(k) {
+            self.counters.quarantined += 1;
+            return Ok(Verdict::Quarantined);
+        }
         if slot.end <= wm {
             // The slot may have been handed over already (ordered plugins).
             self.reopen(k, slot.start);
@@ -434,7 +450,7 @@ impl WindowOperator {
         }
         let mut keep = std::mem::take(&mut self.touched);
         keep.resize(self.keys.capacity(), false);
-        for k in self.batch.staged_keys() {
+        for k in self.batch.staged_keys().chain(self.quarantine.key_ids()) {
             keep[k as usize] = true;
         }
         let idle: Vec<u32> =

@@ -189,10 +189,7 @@ impl WindowOperator {
         for (w, reason) in windows.into_iter().zip(failed) {
             match reason {
                 None => kept.push(w),
-                Some(reason) => {
-                    let key = self.key_text(w.0);
-                    self.rejected.push(Rejected { key, window: w.1, event_times: Vec::new(), reason });
-                }
+                Some(reason) => self.reject(w.0, w.1, Vec::new(), reason),
             }
         }
         Ok(kept)

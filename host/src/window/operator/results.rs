@@ -100,6 +100,10 @@ impl WindowOperator {
         if fires.len() > self.batch_size {
             return Ok(false);
         }
+        if self.quarantine.any() && fires.iter().any(|&(k, _)| self.quarantine.suspects(k)) {
+            // A key that faulted before: its rows are handed over apart.
+            return Ok(false);
+        }
         if !self.doomed.is_empty() {
             self.drop_doomed();
         }
@@ -132,6 +136,8 @@ impl WindowOperator {
                 tracing::warn!(error = %e, "plugin fault in add-and-finish: handing over and finishing apart");
                 self.plugin.reset()?;
                 self.fire_paused = FIRE_PAUSE;
+                // The same rows would fail the same way in one `add`: one call per group.
+                self.isolate_next = true;
                 self.fired_slots = windows;
                 return Ok(false);
             }
@@ -197,8 +203,7 @@ impl WindowOperator {
 
     /// Dead-letter a window's result (no event of it): `reason` says why.
     pub(super) fn reject_window(&mut self, k: u32, window: Window, reason: &Error) {
-        let key = self.key_text(k);
-        self.rejected.push(Rejected { key, window, event_times: Vec::new(), reason: reason.to_string() });
+        self.reject(k, window, Vec::new(), reason.to_string());
     }
 
     /// The key a window's results are written under: `[<aggregation>|]<start>|<key fields>`.

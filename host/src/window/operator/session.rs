@@ -71,6 +71,10 @@ impl WindowOperator {
     ) -> Result<Verdict> {
         let own = self.assigner.slot(t);
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
+        if self.quarantine.holds(k) {
+            self.counters.quarantined += 1;
+            return Ok(Verdict::Quarantined);
+        }
         // The merged window, the earliest overlapping session and how many overlap.
         let mut merged = own;
         let mut first: Option<(Window, usize)> = None;
@@ -197,13 +201,7 @@ impl WindowOperator {
                         Some(reason) => {
                             // The merged-away session's accumulator cannot be folded in:
                             // its result goes to the dead letters with the reason.
-                            let key_text = self.key_text(key);
-                            self.rejected.push(Rejected {
-                                key: key_text,
-                                window,
-                                event_times: Vec::new(),
-                                reason,
-                            });
+                            self.reject(key, window, Vec::new(), reason);
                             acc
                         }
                     }

@@ -52,6 +52,8 @@ impl WindowOperator {
         }
         staged.iter().for_each(|r| self.batch.push(r));
         self.reopened.clear();
+        // A new plugin: no key has failed it yet.
+        self.quarantine.clear();
         std::mem::replace(&mut self.plugin, plugin)
     }
 

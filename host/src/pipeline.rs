@@ -639,7 +639,7 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
         batch_size,
         limits,
         on_error: p.on_error,
-        quarantine_after: p.quarantine_after.unwrap_or(crate::window::operator::DEFAULT_QUARANTINE_AFTER),
+        quarantine_after: p.quarantine_after.unwrap_or(DEFAULT_QUARANTINE_AFTER),
     })
 }
 
@@ -1013,6 +1013,11 @@ pub fn hex(bytes: &[u8]) -> String {
         s
     })
 }
+
+/// Faults of one key after which its events go to the dead letters without a plugin call,
+/// unless `[plugin] quarantine_after` says otherwise: a deterministic plugin that failed on a
+/// key three times will fail on it again, and each fault may cost a whole `call_timeout`.
+pub const DEFAULT_QUARANTINE_AFTER: u32 = 3;
 
 /// What one plugin instance may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -280,3 +280,138 @@ fn metrics_parse_as_prometheus_text_and_agree_with_the_status_and_the_input() {
     assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("t")).unwrap().0, 200);
     assert!(child.wait_with_output().unwrap().status.success());
 }
+
+/// A job whose plugin panics on one product ("boom") and writes to stderr on another.
+fn poisoned_pipeline(dir: &Path) -> PathBuf {
+    let text = format!(
+        r#"
+name = "poisoned"
+key = ["producto"]
+[source]
+kind = "file"
+path = {input:?}
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = {plugin:?}
+quarantine_after = 3
+[plugin.config]
+behaviour = "poisoned"
+panic_key = "panics|1"
+probe_key = "probe"
+[sink]
+kind = "file"
+path = "out/out.jsonl"
+[late]
+path = "out/late.jsonl"
+[dead_letter]
+path = "out/dead.jsonl"
+[savepoints]
+dir = "out/savepoints"
+"#,
+        input = dir.join("live.jsonl").display().to_string(),
+        plugin = plugin("hostile").display().to_string(),
+    );
+    let path = dir.join("poisoned.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Minutes `from..to` of events: one a minute for each of `p1`, `probe` and `panics|1`.
+fn poisoned_minutes(from: i64, to: i64) -> String {
+    let t0: i64 = 1_767_225_600_000;
+    (from..to)
+        .flat_map(|m| {
+            ["p1", "probe", "panics|1"]
+                .map(|p| format!("{{\"producto\":\"{p}\",\"fecha_ms\":{}}}\n", t0 + m * 60_000))
+        })
+        .collect()
+}
+
+#[test]
+fn quarantined_keys_are_shown_released_by_the_api_and_kept_in_savepoints() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), poisoned_minutes(0, 30)).unwrap();
+    let job = poisoned_pipeline(dir.path());
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, "s3cret");
+    wait_for("the job answers", || call(&url, "GET", "/api/v1/job", None).is_ok());
+    let status = || json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    // Windows [0,5) .. [20,25) have fired (watermark 27 min): the third fault of
+    // `panics|1` quarantined it; its later events are dead-lettered without a call.
+    wait_for("the key is quarantined", || status()["aggregations"][0]["quarantined"] == 1);
+    let s = status();
+    let a = &s["aggregations"][0];
+    let name = a["name"].as_str().unwrap().to_string();
+    assert_eq!(a["quarantined_keys"][0]["key"], serde_json::json!(["panics|1"]));
+    assert_eq!(a["quarantined_keys"][0]["faults"], 3, "the rows staged since are not called");
+    let reason = a["quarantined_keys"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("panicked at") && reason.contains("boom"), "{reason}");
+    // What the plugin wrote to stderr is in the status.
+    let printed: Vec<&str> = s["recent_side_outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["output"] == "plugin_output")
+        .map(|r| r["reason"].as_str().unwrap())
+        .collect();
+    assert!(printed.iter().any(|p| p.contains("probe of probe: file Err(")), "{s}");
+    let metrics = call(&url, "GET", "/metrics", None).unwrap().1;
+    assert!(
+        metrics.lines().any(|l| l.starts_with("km0_quarantined_keys{") && l.ends_with(" 1.0")
+            || l.starts_with("km0_quarantined_keys{") && l.ends_with(" 1")),
+        "{metrics}"
+    );
+
+    // Releasing needs the token; an unknown aggregation is 404; the key's text escapes `|`.
+    let key = format!("/api/v1/quarantine/{name}/panics%5C%7C1");
+    assert_eq!(call(&url, "DELETE", &key, None).unwrap().0, 401);
+    assert_eq!(call(&url, "DELETE", "/api/v1/quarantine/nope/x", Some("s3cret")).unwrap().0, 404);
+    let (code, body) =
+        call(&url, "DELETE", &format!("/api/v1/quarantine/{name}/other"), Some("s3cret")).unwrap();
+    assert_eq!((code, json(&body)["released"].clone()), (200, serde_json::json!(0)), "{body}");
+    let (code, body) = call(&url, "DELETE", &key, Some("s3cret")).unwrap();
+    assert_eq!((code, json(&body)["released"].clone()), (200, serde_json::json!(1)), "{body}");
+    wait_for("the release shows", || status()["aggregations"][0]["quarantined"] == 0);
+
+    // Released, the key faults again: three more windows quarantine it again.
+    append(dir.path(), &poisoned_minutes(30, 50));
+    wait_for("the key is quarantined again", || status()["aggregations"][0]["quarantined"] == 1);
+    let out = Command::new(km0()).args(["stop", "--job", &url]).env("KM0_TOKEN", "s3cret").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let at_stop = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(child.wait_with_output().unwrap().status.success());
+
+    // Resumed from the savepoint, the key is still quarantined, before any new event.
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = Command::new(km0())
+        .args(["run", "--follow", "--http", &format!("127.0.0.1:{port}")])
+        .arg(&job)
+        .args(["--from-savepoint", &at_stop])
+        .env("KM0_TOKEN", "s3cret")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = || call(&url, "GET", "/api/v1/job", None).ok().map(|(_, b)| json(&b));
+    wait_for("the resumed job runs", || status().is_some_and(|s| s["state"] == "running"));
+    let s = status().unwrap();
+    assert_eq!(s["aggregations"][0]["quarantined"], 1, "{s}");
+    assert_eq!(s["aggregations"][0]["quarantined_keys"][0]["key"], serde_json::json!(["panics|1"]));
+    let out = Command::new(km0()).args(["stop", "--job", &url]).env("KM0_TOKEN", "s3cret").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(child.wait_with_output().unwrap().status.success());
+    // Each poisoned event went to the dead letters once: 50 minutes, none in a result.
+    let dead = std::fs::read_to_string(dir.path().join("out/dead.jsonl")).unwrap();
+    let events: usize =
+        dead.lines().map(json).map(|d| d["event_times"].as_array().map_or(1, |t| t.len())).sum();
+    let open = 50 - 45; // minutes 45..50 are in the window that has not fired
+    assert!(events >= 50 - open && events <= 50, "{events} dead-lettered events: {dead}");
+    assert!(!std::fs::read_to_string(dir.path().join("out/out.jsonl")).unwrap().contains("panics"));
+}

@@ -476,3 +476,15 @@ fn status_of(refused: &Refused) -> StatusCode {
         Refused::NotFound(_) => StatusCode::NOT_FOUND,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_keys_text_splits_into_its_fields() {
+        assert_eq!(super::split_key("queso"), ["queso"]);
+        assert_eq!(super::split_key("queso|girona"), ["queso", "girona"]);
+        // `\|` and `\\` are a field's own characters (as results write them).
+        assert_eq!(super::split_key(r"queso\|curado|a\\b"), [r"queso|curado", r"a\b"]);
+        assert_eq!(super::split_key(""), [""]);
+    }
+}

@@ -955,7 +955,7 @@ impl Fan<'_> {
                         j.state_bytes += a.state_bytes;
                         j.quarantined += a.quarantined;
                         j.quarantined_keys.extend(a.quarantined_keys.iter().cloned());
-                        j.quarantined_keys.sort_by(|a, b| b.at_ms.cmp(&a.at_ms));
+                        j.quarantined_keys.sort_by_key(|q| std::cmp::Reverse(q.at_ms));
                         j.quarantined_keys.truncate(crate::window::operator::QUARANTINE_LISTED);
                     }
                     None => job.aggregations.push(a.clone()),

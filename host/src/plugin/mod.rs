@@ -785,6 +785,38 @@ mod tests {
     }
 
     #[test]
+    fn a_fault_reason_says_what_happened_in_the_guests_words() {
+        let limits = Limits { call_timeout: Duration::from_millis(300), memory_bytes: 256 << 20 };
+        let trap = wasmtime::Error::new(Trap::UnreachableCodeReached);
+        // Written by hand as Rust's default panic hook writes a panic.
+        let panic = "starting\nthread '<unnamed>' panicked at src/plugin.rs:57:21:\nboom\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        let reason = |kind, oom, printed| fault_reason(kind, &trap, oom, &limits, printed);
+        assert_eq!(
+            reason(Some(Trap::UnreachableCodeReached), false, Some(panic)),
+            "panicked at src/plugin.rs:57:21: boom; it wrote: starting"
+        );
+        assert_eq!(
+            reason(Some(Trap::Interrupt), false, None),
+            "ran longer than its limit of 300ms for one call and was stopped"
+        );
+        assert_eq!(
+            reason(Some(Trap::UnreachableCodeReached), true, Some("memory allocation of 64 bytes failed\n")),
+            "ran out of memory: it asked for more than its limit of 256 MiB; it wrote: memory allocation of 64 \
+             bytes failed"
+        );
+        // No panic, no memory asked for: the trap's kind, and no word of memory.
+        let plain = reason(Some(Trap::UnreachableCodeReached), false, None);
+        assert_eq!(plain, format!("trapped: {}", Trap::UnreachableCodeReached));
+        assert!(!plain.contains("memory"));
+        assert_eq!(reason(Some(Trap::StackOverflow), false, None), "overflowed its stack");
+        // A Python traceback's last lines.
+        let py = "Traceback (most recent call last):\n  File \"app.py\", line 3\nValueError: boom\n";
+        assert!(reason(Some(Trap::UnreachableCodeReached), false, Some(py))
+            .ends_with("line 3 / ValueError: boom"));
+        assert_eq!(last_lines(&"x".repeat(3000), 5).chars().count(), 1003);
+    }
+
+    #[test]
     fn the_epoch_ticks_while_a_guest_runs_and_not_otherwise() {
         let mut config = Config::new();
         config.epoch_interruption(true);

@@ -68,10 +68,10 @@ impl WindowOperator {
             return Ok(());
         }
         if self.quarantine.any() && self.on_error == OnError::DeadLetter {
-            let (suspects, rest): (Vec<usize>, Vec<usize>) =
-                (0..groups.len()).partition(|&i| self.quarantine.suspects(groups[i].0));
-            if !suspects.is_empty() {
-                self.add_apart(&groups, &rest, &suspects)?;
+            let (faulted, rest): (Vec<usize>, Vec<usize>) =
+                (0..groups.len()).partition(|&i| self.quarantine.faulted(groups[i].0));
+            if !faulted.is_empty() {
+                self.add_apart(&groups, &rest, &faulted)?;
                 self.batch.recycle(groups);
                 return Ok(());
             }
@@ -105,10 +105,11 @@ impl WindowOperator {
         Ok(())
     }
 
-    /// A batch with groups of keys that faulted before (`suspects`): the other groups in
+    /// A batch with groups of keys that faulted before (`faulted`): the other groups in
     /// one call (one by one after a fault), then each suspect's in a call of its own, so
-    /// that a key that fails again costs one call, not the batch's and its own.
-    fn add_apart(&mut self, groups: &[(u32, i64)], rest: &[usize], suspects: &[usize]) -> Result<()> {
+    /// that a key that fails again costs one call, not the batch's and its own; the rows
+    /// of a quarantined key (staged before it was) go to the dead letters without a call.
+    fn add_apart(&mut self, groups: &[(u32, i64)], rest: &[usize], faulted: &[usize]) -> Result<()> {
         if !rest.is_empty() {
             let (g, ev) = self.batch.subset(rest);
             match self.plugin.add(&g, &ev) {
@@ -127,7 +128,15 @@ impl WindowOperator {
                 Err(e) => return Err(e),
             }
         }
-        self.add_one_by_one(groups, suspects)
+        let (held, suspects): (Vec<usize>, Vec<usize>) =
+            faulted.iter().partition(|&&i| self.quarantine.holds(groups[i].0));
+        for i in held {
+            let (g, ev) = self.batch.subset(&[i]);
+            let reason = self.quarantine.reason(groups[i].0);
+            self.counters.quarantined += ev.event_time.len() as u64;
+            self.reject_group(groups[i], &g, ev.event_time, Err(reason));
+        }
+        self.add_one_by_one(groups, &suspects)
     }
 
     /// Ordered plugins: group `i` of the last call succeeded; keep its rows for a later
@@ -196,29 +205,47 @@ impl WindowOperator {
                 }
                 Err(e @ Error::PluginCall { .. }) => {
                     self.plugin.reset()?;
-                    let mut rejected_times = ev.event_time;
-                    if let Some((acc, rows)) = self.reopened.remove(&(key, id)) {
-                        // A rebuild failed: the slot keeps what it had; only the rows that
-                        // reached it since are rejected.
-                        for (time, _) in rows.iter() {
-                            if let Some(at) = rejected_times.iter().position(|&t| t == time) {
-                                rejected_times.remove(at);
-                            }
-                        }
-                        self.state.set_acc(key, id, &acc);
-                        self.held.insert((key, id), rows);
-                    } else if self.state.acc(key, id).is_empty() {
-                        // Every event the slot had is rejected: it has nothing to fire.
-                        self.doomed.push((key, id));
-                    }
-                    self.counters.accepted -= rejected_times.len() as u64;
-                    let window = Window { start: g.window_start[0], end: g.window_end[0] };
-                    self.reject(key, window, rejected_times, e.to_string());
+                    self.reject_group((key, id), &g, ev.event_time, Ok(e.to_string()));
                 }
                 Err(e) => return Err(e),
             }
         }
         Ok(())
+    }
+
+    /// Dead-letter the rows `times` of group `(key, id)` (`g`, a call of that group alone)
+    /// for a fault (`Ok(reason)`, counted against the key) or a quarantine (`Err(reason)`);
+    /// the slot keeps the accumulator it had.
+    fn reject_group(
+        &mut self,
+        (key, id): (u32, i64),
+        g: &Groups,
+        mut times: Vec<i64>,
+        reason: std::result::Result<String, String>,
+    ) {
+        if let Some((acc, rows)) = self.reopened.remove(&(key, id)) {
+            // A rebuild failed: the slot keeps what it had; only the rows that reached it
+            // since are rejected.
+            for (time, _) in rows.iter() {
+                if let Some(at) = times.iter().position(|&t| t == time) {
+                    times.remove(at);
+                }
+            }
+            self.state.set_acc(key, id, &acc);
+            self.held.insert((key, id), rows);
+        } else if self.state.acc(key, id).is_empty() {
+            // Every event the slot had is rejected: it has nothing to fire.
+            self.doomed.push((key, id));
+        }
+        self.counters.accepted -= times.len() as u64;
+        let window = Window { start: g.window_start[0], end: g.window_end[0] };
+        match reason {
+            Ok(fault) => self.reject(key, window, times, fault),
+            Err(quarantined) => {
+                let key = self.key_text(key);
+                self.rejected.push(Rejected { key, window, event_times: times, reason: quarantined });
+            }
+        }
     }
 
     /// Give all staged rows of an unordered plugin to it (ordered plugins keep theirs).

@@ -11,8 +11,7 @@
 use super::*;
 use serde::{Deserialize, Serialize};
 
-/// Faults of one key before it is quarantined, unless the pipeline says otherwise.
-pub const DEFAULT_QUARANTINE_AFTER: u32 = 3;
+pub use crate::pipeline::DEFAULT_QUARANTINE_AFTER;
 
 /// Quarantined keys the status lists per aggregation (all are counted).
 pub const QUARANTINE_LISTED: usize = 100;
@@ -66,9 +65,9 @@ impl Quarantine {
         self.held > 0 && self.keys.get(&k).is_some_and(|f| f.quarantined)
     }
 
-    /// Whether key `k` faulted before (and is not quarantined).
-    pub(super) fn suspects(&self, k: u32) -> bool {
-        self.keys.get(&k).is_some_and(|f| !f.quarantined)
+    /// Whether key `k` faulted before (quarantined or not).
+    pub(super) fn faulted(&self, k: u32) -> bool {
+        self.keys.contains_key(&k)
     }
 
     /// The plugin failed on key `k`; true when that quarantines it.
@@ -245,10 +244,10 @@ mod tests {
         let mut q = Quarantine::new(3);
         assert!(!q.any() && !q.holds(7));
         assert!(!q.fault(7, "a"));
-        assert!(q.suspects(7) && !q.holds(7));
+        assert!(q.faulted(7) && !q.holds(7));
         assert!(!q.fault(7, "b"));
         assert!(q.fault(7, "c"), "the third fault quarantines");
-        assert!(q.holds(7) && !q.suspects(7));
+        assert!(q.holds(7) && q.faulted(7));
         assert!(!q.fault(7, "d"), "quarantined once");
         assert_eq!(q.quarantined(), 1);
         assert!(q.reason(7).contains("4 times (last: d)"), "{}", q.reason(7));
@@ -258,6 +257,6 @@ mod tests {
         for _ in 0..10 {
             assert!(!never.fault(1, "x"));
         }
-        assert!(never.suspects(1) && !never.holds(1));
+        assert!(never.faulted(1) && !never.holds(1));
     }
 }

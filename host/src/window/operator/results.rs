@@ -100,8 +100,9 @@ impl WindowOperator {
         if fires.len() > self.batch_size {
             return Ok(false);
         }
-        if self.quarantine.any() && fires.iter().any(|&(k, _)| self.quarantine.suspects(k)) {
-            // A key that faulted before: its rows are handed over apart.
+        if self.quarantine.any() && fires.iter().any(|&(k, _)| self.quarantine.faulted(k)) {
+            // A key that faulted before: its rows are handed over apart (or, quarantined,
+            // dead-lettered).
             return Ok(false);
         }
         if !self.doomed.is_empty() {

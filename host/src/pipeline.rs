@@ -132,6 +132,15 @@ impl SourceSpec {
         }
     }
 
+    /// Whether its records can be read again from a savepoint's position (standard input
+    /// cannot).
+    pub fn replays(&self) -> bool {
+        match self {
+            SourceSpec::File { paths, .. } => !paths.iter().any(|p| p.as_os_str() == "-"),
+            SourceSpec::Kafka(_) => true,
+        }
+    }
+
     pub fn partitioning(&self) -> &Partitioning {
         match self {
             SourceSpec::File { partitioning, .. } => partitioning,
@@ -280,6 +289,9 @@ pub struct PluginSpec {
     /// Faults of one key after which its events go to the dead letters without a call
     /// (0: never).
     pub quarantine_after: u32,
+    /// A live deploy whose plugin fails on more than this share of the events and windows
+    /// it is given first is rolled back by the job itself (1: never).
+    pub rollback_fault_rate: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -477,6 +489,8 @@ struct RawPlugin {
     on_error: OnError,
     #[serde(default)]
     quarantine_after: Option<u32>,
+    #[serde(default)]
+    rollback_fault_rate: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -633,7 +647,12 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
         }
         limits.memory_bytes = mb.saturating_mul(1 << 20);
     }
+    let rollback_fault_rate = p.rollback_fault_rate.unwrap_or(DEFAULT_ROLLBACK_FAULT_RATE);
+    if !(rollback_fault_rate > 0.0 && rollback_fault_rate <= 1.0) {
+        return Err(format!("`{at}.rollback_fault_rate` must be above 0 and at most 1 (1: never roll back)"));
+    }
     Ok(PluginSpec {
+        rollback_fault_rate,
         path: resolve(&p.path),
         config,
         batch_size,
@@ -1018,6 +1037,10 @@ pub fn hex(bytes: &[u8]) -> String {
 /// unless `[plugin] quarantine_after` says otherwise: a deterministic plugin that failed on a
 /// key three times will fail on it again, and each fault may cost a whole `call_timeout`.
 pub const DEFAULT_QUARANTINE_AFTER: u32 = 3;
+
+/// The share of the events and windows a live-deployed plugin may fail on, over the first
+/// ones it is given, before the job rolls the deploy back by itself.
+pub const DEFAULT_ROLLBACK_FAULT_RATE: f64 = 0.5;
 
 /// What one plugin instance may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

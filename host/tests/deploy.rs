@@ -211,7 +211,10 @@ fn refused_live_deploys_leave_the_job_running_unchanged() {
     // A migrate that traps.
     let (code, why) = post(&bytes("min-stock-broken"), Some(TOKEN), "");
     assert_eq!(code, 422, "{why}");
-    assert!(why.contains("migrate") && why.contains("trapped"), "{why}");
+    assert!(
+        why.contains("migrate") && why.contains("panicked at") && why.contains("cannot read state schema 2"),
+        "{why}"
+    );
 
     let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
     assert_eq!(status["state"], "running");
@@ -314,4 +317,40 @@ fn a_live_swap_of_an_ordered_plugin_hands_its_held_panes_to_the_new_instance() {
         assert_eq!(r["value"]["distancia_m"], 0.0, "a pane distance 0.1 computed reached 0.3: {r}");
     }
     assert!(live == outputs("off"), "the live swap of an ordered plugin differs from the offline deploy");
+}
+
+/// A live deploy of a release that panics on every call: the job watches the new plugin's
+/// first events and windows, finds it failing on more than half of them, and rolls the
+/// deploy back by itself: it goes on from the deploy's rollback savepoint with the plugin
+/// it ran before, reading again what came after it. Its output (results, late events,
+/// dead letters) is that of a run that never deployed it; the deploy history says why.
+#[test]
+fn a_live_deploy_that_fails_on_every_call_is_rolled_back_by_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = stream(60_000, 43);
+    let (first, rest) = split(&text, 30_000);
+    let (job, url, child) = started(dir.path(), "min-stock", &first);
+    wait_for_read(&url, 30_000);
+    let d = deploy(&url, "min-stock-trap");
+    assert_eq!(d["status"], "swapped", "{d}");
+    assert_eq!(d["rollback_fault_rate"], 0.5, "{d}");
+    assert!(d["watch"].as_str().unwrap().contains("more than 50%"), "{d}");
+    append(dir.path(), &rest);
+    let history = || json(&call(&url, "GET", "/api/v1/deployments", None).unwrap().1);
+    wait_for("the job rolls the deploy back", || history()[0]["status"] == "rolled_back");
+    let reason = history()[0]["reason"].as_str().unwrap().to_string();
+    assert!(reason.contains("rolled back by the job") && reason.contains("failed on"), "{reason}");
+    assert_eq!(history()[0]["savepoint"], d["savepoint"]);
+    wait_for_read(&url, 60_000);
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    assert_eq!(status["aggregations"][0]["plugin_version"], "0.1.0", "{status}");
+    assert_eq!(status["aggregations"][0]["quarantined"], 0, "{status}");
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    let err = ended(child);
+    assert!(err.contains("live deploy rolled back"), "{err}");
+
+    reference_run(dir.path(), &job);
+    let (out, reference) = (stock_outputs(dir.path(), "out"), stock_outputs(dir.path(), "ref"));
+    assert!(!reference[0].is_empty());
+    assert!(out == reference, "the rolled-back run's output differs from a run that never deployed");
 }

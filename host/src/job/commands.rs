@@ -89,6 +89,10 @@ impl std::fmt::Display for JobState {
 pub enum DeployStatus {
     Swapped,
     Refused,
+    /// Swapped, then rolled back by the job (its plugin failed too often): `reason` says
+    /// how often.
+    #[serde(rename = "rolled_back")]
+    RolledBack,
 }
 
 /// Where a checkpoint is.
@@ -132,6 +136,11 @@ pub struct Deployed {
     /// Reading, compiling, instantiating and configuring the new plugin (off the job's
     /// thread, while it ran).
     pub prepare_ms: f64,
+    /// Watched for an automatic rollback: the share of faults that rolls it back (none:
+    /// not watched, `watch` says why).
+    pub rollback_fault_rate: Option<f64>,
+    /// Whether the job watches the new plugin's first events, or why not.
+    pub watch: String,
 }
 
 /// One partition's event-time clock.

@@ -145,7 +145,29 @@ pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> R
         return tasks::run(pipeline, opts, &|p, o| open(p, o, runtime));
     }
     tasks::check_one_task(pipeline, opts)?;
-    open(pipeline, opts, runtime)?.run()
+    run_rolling_back(open(pipeline, opts, runtime)?, pipeline, opts, runtime)
+}
+
+/// Run a job to its end; a live deploy it rolls back makes it go on from the deploy's
+/// rollback savepoint, with the plugin it ran before (recorded in that savepoint).
+fn run_rolling_back<'p>(
+    job: RunningJob<'p>,
+    pipeline: &'p Pipeline,
+    opts: &RunOptions,
+    runtime: &PluginRuntime,
+) -> Result<Summary> {
+    let mut job = job;
+    loop {
+        match job.run()? {
+            running::Ran::Finished(summary) => return Ok(*summary),
+            running::Ran::RolledBack(r) => {
+                let opts = RunOptions { from_savepoint: Some(r.savepoint.clone()), ..opts.clone() };
+                job = open(pipeline, &opts, runtime)?;
+                job.rolled_back(&r)?;
+                tracing::info!(savepoint = %r.savepoint.display(), "rolled back: the job goes on from the rollback savepoint");
+            }
+        }
+    }
 }
 
 /// Open a job (or one task of it): from the savepoint given, else from its newest
@@ -218,7 +240,12 @@ pub fn deploy(
         });
     }
     tasks::check_one_task(pipeline, opts)?;
-    open_deploy(pipeline, plugin_path, from_savepoint, opts, runtime)?.run()
+    run_rolling_back(
+        open_deploy(pipeline, plugin_path, from_savepoint, opts, runtime)?,
+        pipeline,
+        opts,
+        runtime,
+    )
 }
 
 /// Open a job (or one task of it) from a savepoint with a new plugin version.

@@ -29,6 +29,28 @@ pub(super) struct LoopControl {
     /// Replies to commands, sent once the status that shows their effect is published
     /// (a client that reads the status after its reply finds its command there).
     answers: Vec<Box<dyn FnOnce() + Send>>,
+    /// The last live deploy, while its first events and windows are watched.
+    watch: Option<Watch>,
+}
+
+/// A live deploy being watched: its aggregations judge their new plugin
+/// ([`crate::window::operator::WindowOperator::watch_deploy`]); one that fails it makes
+/// the job roll back to `savepoint`.
+struct Watch {
+    /// Its deploy record.
+    id: u64,
+    /// The aggregations it replaced.
+    ops: Vec<usize>,
+    savepoint: PathBuf,
+    rate: f64,
+}
+
+/// What a rolled-back run hands to the run that replaces it: the savepoint to restore,
+/// and the control port's history.
+pub(super) struct Rollback {
+    pub(super) savepoint: PathBuf,
+    pub(super) savepoints: Vec<PathBuf>,
+    pub(super) deployments: Vec<Deployed>,
 }
 
 struct PendingDeploy {
@@ -51,7 +73,53 @@ impl LoopControl {
             samples: Default::default(),
             pending: None,
             answers: Vec::new(),
+            watch: None,
         }
+    }
+
+    /// The history of the run this one replaces (a rollback).
+    pub(super) fn carry(&mut self, r: &Rollback) {
+        self.savepoints = r.savepoints.clone();
+        self.deployments = r.deployments.clone();
+    }
+
+    /// The watched deploy's plugin has failed too often: its record says so, and the job
+    /// is to be rolled back to its savepoint (written and durable by now).
+    pub(super) fn judge_deploy(&mut self, running: &RunningJob) -> Option<Rollback> {
+        let w = self.watch.as_ref()?;
+        if self.holds_checkpoints() {
+            return None;
+        }
+        let failed = w.ops.iter().find_map(|&i| running.deploy_failed(i));
+        let Some((failed, given)) = failed else {
+            if !w.ops.iter().any(|&i| running.deploy_watched(i)) {
+                // Kept.
+                self.watch = None;
+            }
+            return None;
+        };
+        let w = self.watch.take()?;
+        let reason = format!(
+            "rolled back by the job: the new plugin failed on {failed} of the first {given} events and windows it was \
+             given ({:.0}%, more than the {:.0}% of `rollback_fault_rate`); the job went back to the rollback \
+             savepoint {} with the plugin it ran before and read on from there",
+            failed as f64 * 100.0 / given as f64,
+            w.rate * 100.0,
+            w.savepoint.display()
+        );
+        tracing::error!(deploy = w.id, %reason, "live deploy rolled back");
+        if let Some(d) = self.deployments.iter_mut().find(|d| d.id == w.id) {
+            d.status = DeployStatus::RolledBack;
+            d.reason = Some(reason.clone());
+        }
+        if let Some(p) = self.pending.take() {
+            self.answer(p.reply, Err(Refused::Failed(reason)));
+        }
+        Some(Rollback {
+            savepoint: w.savepoint,
+            savepoints: self.savepoints.clone(),
+            deployments: self.deployments.clone(),
+        })
     }
 
     /// Reply to a command once the status is published (see [`Self::send_answers`]).
@@ -73,6 +141,9 @@ impl LoopControl {
     pub(super) fn serve(&mut self, running: &mut RunningJob) -> Result<Option<(StopMode, StopReply)>> {
         // After a command, the status shows its effect at once.
         let (acted, served) = self.take_commands(running);
+        if let Some(r) = self.judge_deploy(running) {
+            running.roll_back_to(r);
+        }
         if self.published.elapsed() >= STATUS_EVERY || acted || !self.answers.is_empty() {
             let stopping = matches!(served, Ok(Some(_)));
             self.publish(running, stopping);
@@ -182,6 +253,32 @@ impl LoopControl {
         match running.swap(deployment) {
             Ok(swapped) => {
                 self.saved(&swapped.savepoint);
+                let rate = running.rollback_fault_rate(&record.aggregations);
+                match running.why_not_watched() {
+                    None => {
+                        record.rollback_fault_rate = Some(rate);
+                        record.watch = format!(
+                            "rolled back by the job if the new plugin fails on more than {:.0}% of the first {} \
+                             events and windows it is given",
+                            rate * 100.0,
+                            crate::window::operator::WATCHED_FOR
+                        );
+                        let ops: Vec<usize> = (0..running.plugins().len())
+                            .filter(|&i| {
+                                record.aggregations.contains(&running.pipeline().aggregations[i].name)
+                            })
+                            .collect();
+                        for &i in &ops {
+                            running.watch_deploy(i, rate);
+                        }
+                        self.watch =
+                            Some(Watch { id: record.id, ops, savepoint: swapped.savepoint.clone(), rate });
+                    }
+                    Some(why) => {
+                        record.watch = format!("not watched for an automatic rollback: {why}");
+                        self.watch = None;
+                    }
+                }
                 record.savepoint = Some(swapped.savepoint);
                 record.migrated = swapped.migrated;
                 record.savepoint_ms = swapped.savepoint_time.as_secs_f64() * 1e3;
@@ -248,6 +345,8 @@ impl LoopControl {
             savepoint_ms: 0.0,
             swap_ms: 0.0,
             prepare_ms: deployment.prepare.as_secs_f64() * 1e3,
+            rollback_fault_rate: None,
+            watch: String::new(),
         })
     }
 

@@ -27,6 +27,16 @@ pub(super) enum Step {
     /// A stop (a signal, `--stop-with-savepoint-after`, or a stop command):
     /// [`RunningJob::finish`] writes the savepoint, or fires every open window (`Drain`).
     Stopped(StopMode),
+    /// A live deploy failed too often: the job is to restart from its rollback savepoint
+    /// ([`RunningJob::into_rollback`]).
+    RollBack,
+}
+
+/// How [`RunningJob::run`] ended.
+pub(super) enum Ran {
+    Finished(Box<Summary>),
+    /// To go on from the rollback savepoint of a live deploy (see [`LoopControl`]).
+    RolledBack(super::port::Rollback),
 }
 
 /// One running job: its source and position, its operators and watermarks ([`Job`]), its
@@ -63,6 +73,8 @@ pub(super) struct RunningJob<'p> {
     cpu0: Duration,
     /// A task of a job shared with a consumer group (stops are hand-overs).
     in_group: bool,
+    /// A rollback ordered by the control port (a live deploy that failed too often).
+    rollback: Option<super::port::Rollback>,
 }
 
 impl<'p> RunningJob<'p> {
@@ -154,6 +166,7 @@ impl<'p> RunningJob<'p> {
             t0,
             cpu0: metrics::thread_cpu_time(),
             in_group: opts.committer.is_some(),
+            rollback: None,
         })
     }
 
@@ -166,16 +179,91 @@ impl<'p> RunningJob<'p> {
         }
     }
 
-    /// Open, step until the job ends or stops, and finish.
-    pub(super) fn run(mut self) -> Result<Summary> {
+    /// Step until the job ends or stops, and finish; or until a live deploy is to be
+    /// rolled back.
+    pub(super) fn run(mut self) -> Result<Ran> {
         let mut step = self.first_step();
         loop {
             match step {
                 Step::Going => {}
                 Step::Idle(wait) => std::thread::sleep(wait),
-                Step::Ended | Step::Stopped(_) => return self.finish(step),
+                Step::Ended | Step::Stopped(_) => {
+                    return self.finish(step).map(|s| Ran::Finished(Box::new(s)))
+                }
+                Step::RollBack => return self.into_rollback().map(Ran::RolledBack),
             }
             step = self.step()?;
+        }
+    }
+
+    /// Leave this run for the one that goes on from a rollback savepoint: the snapshot
+    /// being written completes, the status says so, and the sinks are dropped as a crash
+    /// would drop them (the run restored from the savepoint rewrites what came after it,
+    /// as recovery does).
+    pub(super) fn into_rollback(mut self) -> Result<super::port::Rollback> {
+        self.complete_snapshot(true)?;
+        if let Some(mut port) = self.port.take() {
+            port.publish(&self, true);
+            port.send_answers();
+        }
+        self.rollback
+            .take()
+            .ok_or_else(|| Error::Usage("a rollback was asked for without its savepoint".into()))
+    }
+
+    /// Go on after a rollback: the history of the run it replaces, and a checkpoint now,
+    /// so that a crash from here recovers into the plugin rolled back to.
+    pub(super) fn rolled_back(&mut self, r: &super::port::Rollback) -> Result<()> {
+        if let Some(port) = self.port.as_mut() {
+            port.carry(r);
+        }
+        if self.has_checkpoints() {
+            self.checkpoint()?;
+            self.complete_snapshot(true)?;
+        }
+        Ok(())
+    }
+
+    /// The control port found the last live deploy failing too often.
+    pub(super) fn roll_back_to(&mut self, r: super::port::Rollback) {
+        self.rollback = Some(r);
+    }
+
+    /// Put aggregation `i`'s new plugin on probation (a live deploy the job may roll back).
+    pub(super) fn watch_deploy(&mut self, i: usize, rate: f64) {
+        if let Some(op) = self.job.ops.get_mut(i) {
+            op.watch_deploy(rate);
+        }
+    }
+
+    /// Whether aggregation `i`'s new plugin is still on probation.
+    pub(super) fn deploy_watched(&self, i: usize) -> bool {
+        self.job.ops.get(i).is_some_and(|op| op.deploy_watched())
+    }
+
+    /// Aggregation `i`'s new plugin failed its probation: (failed, given).
+    pub(super) fn deploy_failed(&self, i: usize) -> Option<(u64, u64)> {
+        self.job.ops.get(i).and_then(|op| op.deploy_failed())
+    }
+
+    /// The fault rate that rolls back a deploy into `aggregations` (the lowest of theirs).
+    pub(super) fn rollback_fault_rate(&self, aggregations: &[String]) -> f64 {
+        self.pipeline
+            .aggregations
+            .iter()
+            .filter(|a| aggregations.contains(&a.name))
+            .map(|a| a.plugin.rollback_fault_rate)
+            .fold(1.0, f64::min)
+    }
+
+    /// Why a live deploy into this job cannot be rolled back by the job (none: it can).
+    pub(super) fn why_not_watched(&self) -> Option<&'static str> {
+        if !self.pipeline.source.replays() {
+            Some("the source (standard input) cannot be read again from the rollback savepoint")
+        } else if self.pipeline.task.is_some() {
+            Some("a job of several tasks is not rolled back task by task (deploy the previous version again)")
+        } else {
+            None
         }
     }
 
@@ -233,6 +321,14 @@ impl<'p> RunningJob<'p> {
         let Some(mut port) = self.port.take() else { return Ok(None) };
         let served = port.serve(self);
         self.port = Some(port);
+        if self.rollback.is_some() {
+            // A stop asked for at the same time is answered by the run that goes on.
+            if let Ok(Some((_, reply))) = served {
+                let _ =
+                    reply.send(Err(Refused::Closed("the job is rolling a deploy back; ask again".into())));
+            }
+            return Ok(Some(Step::RollBack));
+        }
         let Some((mode, reply)) = served? else { return Ok(None) };
         if mode == StopMode::Savepoint {
             match self.savepoint() {

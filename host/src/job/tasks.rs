@@ -509,6 +509,13 @@ fn drive(
                 }
                 Step::Idle(w) => wait = wait.min(w),
                 Step::Going => going = true,
+                // Not watched in a job of several tasks (`why_not_watched`).
+                Step::RollBack => {
+                    return Err(fail(
+                        Error::Usage("a task cannot roll a deploy back".into()),
+                        &tasks[*i].name,
+                    ))
+                }
             }
             *step = next;
             k += 1;

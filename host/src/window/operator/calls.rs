@@ -86,7 +86,10 @@ impl WindowOperator {
             self.plugin.add(&self.batch.groups, &self.batch.events)
         };
         let accs = match called {
-            Ok(accs) => accs,
+            Ok(accs) => {
+                self.handed += self.batch.events.event_time.len() as u64;
+                accs
+            }
             Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
                 tracing::warn!(error = %e, "plugin fault: isolating the groups of the batch");
                 self.plugin.reset()?;
@@ -114,6 +117,7 @@ impl WindowOperator {
             let (g, ev) = self.batch.subset(rest);
             match self.plugin.add(&g, &ev) {
                 Ok(accs) => {
+                    self.handed += ev.event_time.len() as u64;
                     for (j, &i) in rest.iter().enumerate() {
                         let (key, id) = groups[i];
                         self.hold(i, key, id);
@@ -200,6 +204,7 @@ impl WindowOperator {
             let (g, ev) = self.batch.subset(&[i]);
             match self.plugin.add(&g, &ev) {
                 Ok(acc) => {
+                    self.handed += ev.event_time.len() as u64;
                     self.hold(i, key, id);
                     self.state.set_acc(key, id, packed_item(&acc, 0));
                 }

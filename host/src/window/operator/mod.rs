@@ -14,6 +14,7 @@
 //!   updates it and the window is emitted again under the same key.
 
 mod calls;
+mod deploy_watch;
 mod panes;
 mod quarantine;
 mod results;
@@ -21,6 +22,7 @@ mod session;
 mod snapshot;
 
 use calls::new_batch;
+pub use deploy_watch::{JUDGED_AFTER, WATCHED_FOR};
 use quarantine::Quarantine;
 pub use quarantine::{KeyFaults, DEFAULT_QUARANTINE_AFTER, QUARANTINE_LISTED};
 pub use results::push_key_part;
@@ -177,6 +179,14 @@ pub struct WindowOperator {
     quarantine: Quarantine,
     /// The next hand-over calls one group at a time: its rows just failed together.
     isolate_next: bool,
+    /// Events and window results the plugin failed on (dead-lettered for a fault), and of
+    /// them the windows.
+    faulted_units: u64,
+    faulted_windows: u64,
+    /// Events the plugin took (in calls that succeeded).
+    handed: u64,
+    /// A plugin swapped in live, on probation.
+    deploy_watch: Option<deploy_watch::DeployWatch>,
 }
 
 impl WindowOperator {
@@ -233,6 +243,10 @@ impl WindowOperator {
             doomed: Vec::new(),
             quarantine: Quarantine::new(DEFAULT_QUARANTINE_AFTER),
             isolate_next: false,
+            faulted_units: 0,
+            faulted_windows: 0,
+            handed: 0,
+            deploy_watch: None,
         }
     }
 
@@ -277,6 +291,16 @@ impl WindowOperator {
 
     pub fn counters(&self) -> &OperatorCounters {
         &self.counters
+    }
+
+    /// Events and windows its plugin failed on (faults, and events of quarantined keys),
+    /// and those it took (events in calls that succeeded, windows fired that did not
+    /// fail), since the operator was opened: the difference between two readings is what
+    /// a plugin did in between.
+    pub fn plugin_tally(&self) -> (u64, u64) {
+        let c = &self.counters;
+        let windows = c.windows_fired.saturating_sub(self.faulted_windows);
+        (self.faulted_units + c.quarantined, self.handed + windows)
     }
 
     /// The job sent one of this aggregation's events to the late side output.

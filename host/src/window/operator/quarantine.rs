@@ -46,7 +46,13 @@ pub(super) struct Quarantine {
     keys: FastMap<u32, Faults>,
     /// How many of `keys` are quarantined.
     held: usize,
+    /// When a quarantine was last logged, and how many were not since (a plugin that
+    /// fails on every key would write a line per key).
+    logged: Option<(std::time::Instant, u64)>,
 }
+
+/// How often a quarantine is logged (the ones in between are counted).
+const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Quarantine {
     pub(super) fn new(after: u32) -> Quarantine {
@@ -177,10 +183,30 @@ impl WindowOperator {
     /// the plugin failed on, and count the fault against the key.
     pub(super) fn reject(&mut self, k: u32, window: Window, event_times: Vec<i64>, reason: String) {
         let key = self.key_text(k);
+        self.faulted_units += event_times.len().max(1) as u64;
+        self.faulted_windows += event_times.is_empty() as u64;
         if self.quarantine.fault(k, &reason) {
-            tracing::warn!(aggregation = %self.name, key = %key.escape_debug(), %reason, "key quarantined");
+            let now = std::time::Instant::now();
+            match &mut self.quarantine.logged {
+                Some((at, skipped)) if now.duration_since(*at) < LOG_EVERY => *skipped += 1,
+                logged => {
+                    let not_logged = logged.map_or(0, |(_, n)| n);
+                    tracing::warn!(
+                        aggregation = %self.name,
+                        key = %key.escape_debug(),
+                        %reason,
+                        quarantined = self.quarantine.held,
+                        not_logged,
+                        "key quarantined"
+                    );
+                    *logged = Some((now, 0));
+                }
+            }
         }
         self.rejected.push(Rejected { key, window, event_times, reason });
+        if self.deploy_watch.is_some() {
+            self.judge_deploy();
+        }
     }
 
     /// Why the events of encoded key `key` go to the dead letters (it is quarantined).

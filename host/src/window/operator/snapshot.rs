@@ -52,8 +52,10 @@ impl WindowOperator {
         }
         staged.iter().for_each(|r| self.batch.push(r));
         self.reopened.clear();
-        // A new plugin: no key has failed it yet.
+        // A new plugin: no key has failed it yet, and it is on probation only if the job
+        // watches it.
         self.quarantine.clear();
+        self.deploy_watch = None;
         std::mem::replace(&mut self.plugin, plugin)
     }
 

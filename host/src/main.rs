@@ -70,7 +70,18 @@ enum Command {
     /// from a savepoint (`--from-savepoint DIR --pipeline FILE`); state is migrated.
     Deploy {
         /// The new plugin component.
-        plugin: PathBuf,
+        #[arg(required_unless_present_any = ["promote", "abandon"])]
+        plugin: Option<PathBuf>,
+        /// Run it beside the current plugin over the same events, compare their results
+        /// window by window and write nothing of it (see `--promote`, `--abandon`).
+        #[arg(long, requires = "job", conflicts_with_all = ["promote", "abandon"])]
+        shadow: bool,
+        /// Swap the shadow in (its accumulators are warm: no migration pause).
+        #[arg(long, requires = "job", conflicts_with = "abandon")]
+        promote: bool,
+        /// Drop the shadow.
+        #[arg(long, requires = "job")]
+        abandon: bool,
         /// The running job's control API (e.g. http://127.0.0.1:8081).
         #[arg(long, value_name = "URL")]
         job: Option<String>,
@@ -331,13 +342,35 @@ fn query_escape(v: &str) -> String {
 }
 
 /// A live deploy's record, readable.
+/// A shadow's status (`what`: started, abandoned).
+fn print_shadow(v: &serde_json::Value, what: &str) {
+    let id = |p: &serde_json::Value| {
+        format!("{} {}", p["name"].as_str().unwrap_or("?"), p["version"].as_str().unwrap_or("?"))
+    };
+    println!(
+        "shadow {what}: {} beside {} in aggregation(s) {} since record {}",
+        id(&v["to"]),
+        v["from"].as_array().into_iter().flatten().map(id).collect::<Vec<_>>().join(", "),
+        v["aggregations"],
+        v["since_record"]
+    );
+    println!(
+        "  windows compared {}: equal {}, different {}, faulted {}",
+        v["windows"], v["equal"], v["different"], v["faulted"]
+    );
+    if let Some(f) = v["differences_file"].as_str() {
+        println!("  differences: {f}");
+    }
+}
+
 fn print_deployed(v: &serde_json::Value) {
     let id = |p: &serde_json::Value| {
         format!("{} {}", p["name"].as_str().unwrap_or("?"), p["version"].as_str().unwrap_or("?"))
     };
     let from: Vec<String> = v["from"].as_array().into_iter().flatten().map(id).collect();
     println!(
-        "swapped {} -> {} in aggregation(s) {} at record {}",
+        "{} {} -> {} in aggregation(s) {} at record {}",
+        v["status"].as_str().unwrap_or("swapped"),
         from.join(", "),
         id(&v["to"]),
         v["aggregations"],
@@ -532,23 +565,65 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Deploy { plugin, job: Some(url), aggregation, token, json, .. } => {
-            let bytes = std::fs::read(&plugin).with_context(|| format!("read {}", plugin.display()))?;
-            let path = match &aggregation {
-                Some(a) => format!("/api/v1/deployments?aggregation={}", query_escape(a)),
-                None => "/api/v1/deployments".to_string(),
-            };
+        Command::Deploy { job: Some(url), token, json, promote: true, .. } => {
             let token = api_token(token);
-            let v =
-                api_reply(&url, km0::control::client::send(&url, "POST", &path, token.as_deref(), &bytes)?)?;
+            let v = api_reply(
+                &url,
+                km0::control::client::call(&url, "POST", "/api/v1/shadow/promote", token.as_deref())?,
+            )?;
             if json {
                 println!("{v:#}");
             } else {
                 print_deployed(&v);
             }
         }
+        Command::Deploy { job: Some(url), token, json, abandon: true, .. } => {
+            let token = api_token(token);
+            let v = api_reply(
+                &url,
+                km0::control::client::call(&url, "DELETE", "/api/v1/shadow", token.as_deref())?,
+            )?;
+            if json {
+                println!("{v:#}");
+            } else {
+                print_shadow(&v, "abandoned");
+            }
+        }
+        Command::Deploy {
+            plugin: Some(plugin), job: Some(url), aggregation, token, json, shadow, ..
+        } => {
+            let bytes = std::fs::read(&plugin).with_context(|| format!("read {}", plugin.display()))?;
+            let mut query = Vec::new();
+            if let Some(a) = &aggregation {
+                query.push(format!("aggregation={}", query_escape(a)));
+            }
+            if shadow {
+                query.push("shadow=true".to_string());
+            }
+            let path = match query.is_empty() {
+                true => "/api/v1/deployments".to_string(),
+                false => format!("/api/v1/deployments?{}", query.join("&")),
+            };
+            let token = api_token(token);
+            let v =
+                api_reply(&url, km0::control::client::send(&url, "POST", &path, token.as_deref(), &bytes)?)?;
+            if json {
+                println!("{v:#}");
+            } else if shadow {
+                print_shadow(&v, "started");
+            } else {
+                print_deployed(&v);
+            }
+        }
+        Command::Deploy { job: Some(_), plugin: None, .. } => {
+            return Err(km0::Error::Usage(
+                "deploy --job URL needs the plugin, --promote or --abandon".into(),
+            )
+            .into());
+        }
         Command::Deploy { plugin, from_savepoint, pipeline, job: None, args, .. } => {
-            let (Some(from_savepoint), Some(pipeline)) = (from_savepoint, pipeline) else {
+            let (Some(plugin), Some(from_savepoint), Some(pipeline)) = (plugin, from_savepoint, pipeline)
+            else {
                 return Err(km0::Error::Usage(
                     "deploy needs --job URL (a running job) or --from-savepoint DIR and --pipeline FILE"
                         .into(),

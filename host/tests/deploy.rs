@@ -354,3 +354,113 @@ fn a_live_deploy_that_fails_on_every_call_is_rolled_back_by_the_job() {
     assert!(!reference[0].is_empty());
     assert!(out == reference, "the rolled-back run's output differs from a run that never deployed");
 }
+
+/// Windows `from..to` of a hand-made stock stream: 20 products at one market, 10 updates
+/// each per 5-minute window, in time order (no event is late); the minimum of product `k`
+/// in window `w` is `(7k + 13w) % 30`.
+fn windows_of_stock(from: i64, to: i64) -> String {
+    let t0: i64 = 1_767_225_600_000;
+    let mut out = String::new();
+    for w in from..to {
+        for j in 0..10i64 {
+            for k in 0..20i64 {
+                let t = t0 + w * 300_000 + j * 30_000 + k * 1_000;
+                let stock = (7 * k + 13 * w) % 30 + j;
+                out.push_str(&format!(
+                    "{{\"tipo\":\"stock.actualizado\",\"producto\":\"p{k:02}\",\"mercado\":\"m\",\"stock_actual\":{stock},\"delta\":-1,\"fecha_ms\":{t}}}\n"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Shadow deploys over a live job. min-stock 0.2 beside 0.1 writes the same alerts (on the
+/// fields both have): no difference. min-stock-strict (alerts below threshold + 5) beside
+/// 0.1: the differences are exactly the windows fired meanwhile whose minimum is in
+/// [10, 15), by the stream's construction. Promoted, the job's output is that of an
+/// offline deploy of min-stock-strict at the promotion's record.
+#[test]
+fn a_shadow_deploy_reports_the_windows_it_would_change_and_promotes_like_an_offline_deploy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, url, child) = started(dir.path(), "min-stock", &windows_of_stock(0, 10));
+    wait_for_read(&url, 2_000);
+    let shadow = || json(&call(&url, "GET", "/api/v1/shadow", None).unwrap().1);
+    let bytes = |name: &str| std::fs::read(plugin(name)).unwrap();
+    assert_eq!(call(&url, "GET", "/api/v1/shadow", None).unwrap().0, 404);
+
+    // min-stock 0.2 as a shadow: the windows 9..=14 fire meanwhile, alike.
+    let out =
+        km0(&["deploy", &plugin("min-stock-v2").to_string_lossy(), "--job", &url, "--shadow", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let started_v2 = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(started_v2["to"]["version"], "0.2.0", "{started_v2}");
+    assert_eq!(started_v2["since_record"], 2_000);
+    append(dir.path(), &windows_of_stock(10, 16));
+    wait_for_read(&url, 3_200);
+    wait_for("the shadow fires windows 9..=14", || shadow()["windows"] == 6 * 20);
+    let s = shadow();
+    assert_eq!(
+        (s["different"].clone(), s["faulted"].clone(), s["equal"].clone()),
+        (0.into(), 0.into(), 120.into()),
+        "{s}"
+    );
+    // A live deploy waits for the shadow to be promoted or abandoned.
+    let (code, body) =
+        send(&url, "POST", "/api/v1/deployments", Some(TOKEN), &bytes("min-stock-v2")).unwrap();
+    assert_eq!(code, 409, "{body}");
+    let out = km0(&["deploy", "--abandon", "--job", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(call(&url, "GET", "/api/v1/shadow", None).unwrap().0, 404);
+
+    // min-stock-strict as a shadow from record 3 200: windows 15..=24 fire meanwhile.
+    let (code, body) =
+        send(&url, "POST", "/api/v1/deployments?shadow=true", Some(TOKEN), &bytes("min-stock-strict"))
+            .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let file = json(&body)["differences_file"].as_str().unwrap().to_string();
+    append(dir.path(), &windows_of_stock(16, 26));
+    wait_for_read(&url, 5_200);
+    wait_for("the shadow fires windows 15..=24", || shadow()["windows"] == 10 * 20);
+    let t0: i64 = 1_767_225_600_000;
+    let want: std::collections::BTreeSet<String> = (15..25i64)
+        .flat_map(|w| (0..20i64).map(move |k| (w, k)))
+        .filter(|&(w, k)| (10..15).contains(&((7 * k + 13 * w) % 30)))
+        .map(|(w, k)| format!("{}|p{k:02}|m", t0 + w * 300_000))
+        .collect();
+    let s = shadow();
+    assert_eq!(s["different"], want.len(), "{s}");
+    assert_eq!(s["equal"], 200 - want.len(), "{s}");
+    let got: std::collections::BTreeSet<String> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let d = json(l);
+            assert!(d["current"].is_null() && d["shadow"].is_string(), "only the strict release alerts: {d}");
+            d["key"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(got, want);
+    let metrics = call(&url, "GET", "/metrics", None).unwrap().1;
+    assert!(metrics.contains("km0_shadow_windows_total{"), "{metrics}");
+
+    // Promoted at record 5 200; the job goes on to the end of the input.
+    let out = km0(&["deploy", "--promote", "--job", &url, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!((d["status"].clone(), d["at_record"].clone()), ("promoted".into(), 5_200.into()), "{d}");
+    assert_eq!(d["to"]["version"], "0.1.1");
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    assert_eq!(status["aggregations"][0]["plugin_version"], "0.1.1", "{status}");
+    assert!(status["shadow"].is_null());
+    append(dir.path(), &windows_of_stock(26, 36));
+    wait_for_read(&url, 7_200);
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    ended(child);
+    offline_deploy_of(dir.path(), &job, 5_200, "min-stock-strict");
+    let live = stock_outputs(dir.path(), "out");
+    assert!(
+        live == stock_outputs(dir.path(), "off"),
+        "the promoted shadow's output differs from the offline deploy's"
+    );
+}

@@ -295,6 +295,13 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         }
     }
     m.registry.register("plugin_faults", "Plugin calls that failed, by kind", faults);
+    if let Some(s) = &status.shadow {
+        let shadow = Family::<Labels, Counter>::default();
+        for (result, n) in [("equal", s.equal), ("different", s.different), ("faulted", s.faulted)] {
+            shadow.get_or_create(&m.labels(&[("result", result)])).inc_by(n);
+        }
+        m.registry.register("shadow_windows", "Windows a shadow deploy compared, by result", shadow);
+    }
 
     let history = &status.checkpoint_history;
     let failed = history.iter().filter(|c| c.status == CheckpointStatus::Failed).count() as u64;

@@ -19,6 +19,10 @@
 //!   record it happened at, its rollback savepoint, the checkpoint after it, the pause),
 //!   or a 4xx error saying why it was refused (the job goes on unchanged);
 //! - `GET /api/v1/deployments`: the deploy history of this run;
+//! - `POST /api/v1/deployments?shadow=true`: run the component beside the current plugin
+//!   ([`crate::job::shadow`]); `GET /api/v1/shadow`: what it found; `POST
+//!   /api/v1/shadow/promote`: swap it in (a deploy's record); `DELETE /api/v1/shadow`: drop
+//!   it;
 //! - `DELETE /api/v1/quarantine[/AGGREGATION[/KEY]]`: release quarantined keys (all, an
 //!   aggregation's, or one); the reply says how many.
 //!
@@ -174,6 +178,8 @@ fn router(api: Api, guard: Arc<guard::Guard>) -> Router {
         .route("/api/v1/savepoints", post(savepoint).get(savepoints))
         .route("/api/v1/stop", post(stop))
         .route("/api/v1/deployments", post(deploy).get(deployments))
+        .route("/api/v1/shadow", get(shadow).delete(abandon))
+        .route("/api/v1/shadow/promote", post(promote))
         .route("/api/v1/quarantine", delete(release_all))
         .route("/api/v1/quarantine/{aggregation}", delete(release_aggregation))
         .route("/api/v1/quarantine/{aggregation}/{key}", delete(release_key))
@@ -330,6 +336,9 @@ async fn deployments(State(api): State<Api>) -> Response {
 #[derive(serde::Deserialize)]
 struct DeployQuery {
     aggregation: Option<String>,
+    /// Run it as a shadow of the current plugin instead of swapping it in.
+    #[serde(default)]
+    shadow: bool,
 }
 
 /// A live deploy: read the component (one deploy at a time: a second is refused before
@@ -401,8 +410,37 @@ async fn deploy(State(api): State<Api>, Query(q): Query<DeployQuery>, request: R
         Ok(Err(refused)) => return refusal(refused),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
+    if q.shadow {
+        return match ask(&api, |reply| Command::Shadow { deployment, reply }).await {
+            Ok(shadow) => Json(shadow).into_response(),
+            Err(r) => r,
+        };
+    }
     match ask(&api, |reply| Command::Deploy { deployment, reply }).await {
         Ok(deployed) => Json(deployed).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn shadow(State(api): State<Api>) -> Response {
+    match &api.handle.status().shadow {
+        Some(s) => Json(s).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no shadow runs"),
+    }
+}
+
+async fn promote(State(api): State<Api>) -> Response {
+    let _answering = Answering::new(&api.handle);
+    match ask(&api, |reply| Command::Promote { reply }).await {
+        Ok(deployed) => Json(deployed).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn abandon(State(api): State<Api>) -> Response {
+    let _answering = Answering::new(&api.handle);
+    match ask(&api, |reply| Command::Abandon { reply }).await {
+        Ok(shadow) => Json(shadow).into_response(),
         Err(r) => r,
     }
 }

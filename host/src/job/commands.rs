@@ -25,6 +25,15 @@ pub enum Command {
     Stop { mode: StopMode, reply: Sender<Result<Option<PathBuf>, Refused>> },
     /// Swap in a new plugin (prepared off the job's thread by [`super::swap::Deployer`]).
     Deploy { deployment: super::swap::Deployment, reply: Sender<Result<Deployed, Refused>> },
+    /// Run a new plugin as a shadow of the current one ([`super::shadow`]).
+    Shadow {
+        deployment: super::swap::Deployment,
+        reply: Sender<Result<super::shadow::ShadowStatus, Refused>>,
+    },
+    /// Swap the shadow in (a live deploy with warm accumulators).
+    Promote { reply: Sender<Result<Deployed, Refused>> },
+    /// Drop the shadow.
+    Abandon { reply: Sender<Result<super::shadow::ShadowStatus, Refused>> },
     /// Release quarantined keys: of one aggregation or all, one key (its fields) or all;
     /// the reply says how many were released.
     Release { aggregation: Option<String>, key: Option<Vec<String>>, reply: Sender<Result<usize, Refused>> },
@@ -39,6 +48,9 @@ impl Command {
             Command::Stop { reply, .. } => drop(reply.send(Err(refused))),
             Command::Deploy { reply, .. } => drop(reply.send(Err(refused))),
             Command::Release { reply, .. } => drop(reply.send(Err(refused))),
+            Command::Shadow { reply, .. } => drop(reply.send(Err(refused))),
+            Command::Promote { reply } => drop(reply.send(Err(refused))),
+            Command::Abandon { reply } => drop(reply.send(Err(refused))),
         }
     }
 }
@@ -89,6 +101,8 @@ impl std::fmt::Display for JobState {
 pub enum DeployStatus {
     Swapped,
     Refused,
+    /// A shadow swapped in (`--promote`).
+    Promoted,
     /// Swapped, then rolled back by the job (its plugin failed too often): `reason` says
     /// how often.
     #[serde(rename = "rolled_back")]
@@ -230,6 +244,8 @@ pub struct JobStatus {
     pub tasks: Vec<TaskStatus>,
     /// This process in the job's consumer group, when it shares its partitions with one.
     pub group: Option<GroupStatus>,
+    /// A new plugin version running as a shadow, and what it found.
+    pub shadow: Option<super::shadow::ShadowStatus>,
 }
 
 /// A process's membership of its job's consumer group.

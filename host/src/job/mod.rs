@@ -23,6 +23,7 @@ mod membership;
 mod port;
 mod route;
 mod running;
+pub mod shadow;
 pub mod signals;
 pub mod swap;
 mod tasks;

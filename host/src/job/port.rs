@@ -181,6 +181,15 @@ impl LoopControl {
             let done = match command {
                 Command::Savepoint { reply } => self.savepoint(running, reply),
                 Command::Deploy { deployment, reply } => self.deploy(running, deployment, reply),
+                Command::Shadow { deployment, reply } => {
+                    self.shadow(running, deployment, reply);
+                    Ok(())
+                }
+                Command::Promote { reply } => self.promote(running, reply),
+                Command::Abandon { reply } => {
+                    self.abandon(running, reply);
+                    Ok(())
+                }
                 Command::Release { aggregation, key, reply } => {
                     let released = running.release_keys(aggregation.as_deref(), key.as_deref());
                     self.answer(reply, released);
@@ -243,14 +252,97 @@ impl LoopControl {
         if running.commits_on_completion() {
             running.complete_snapshot(true)?;
         }
-        let Some(mut record) = self.record(running, &deployment) else {
+        let Some(record) = self.record(running, &deployment) else {
             let held = running.plugins().iter().map(|p| p.name.clone()).collect();
             let offered = format!("component {}", deployment.component.sha256);
             self.answer(reply, Err(Refused::Upgrade(Refusal::ReplacesNothing { held, offered })));
             return Ok(());
         };
+        if let Some(shadow) = running.shadow() {
+            let why = format!("deploy {} runs as a shadow: promote or abandon it first", shadow.id);
+            self.answer(reply, Err(Refused::Closed(why)));
+            return Ok(());
+        }
+        let swapped = running.swap(deployment);
+        self.settle(running, record, swapped, reply, t)
+    }
+
+    /// A shadow of a deployment: it runs beside the current plugin until promoted or
+    /// abandoned.
+    fn shadow(
+        &mut self,
+        running: &mut RunningJob,
+        deployment: super::swap::Deployment,
+        reply: Sender<std::result::Result<super::shadow::ShadowStatus, Refused>>,
+    ) {
+        let id = self.deployments.len() as u64 + 1;
+        let started = running.start_shadow(deployment, id);
+        if let Err(e) = &started {
+            tracing::warn!(reason = %e, "shadow deploy refused; the job goes on unchanged");
+        }
+        self.answer(reply, started);
+    }
+
+    /// Swap the shadow in: a live deploy whose new plugin's accumulators are warm.
+    fn promote(&mut self, running: &mut RunningJob, reply: DeployReply) -> Result<()> {
+        let t = Instant::now();
+        let Some(shadow) = running.shadow() else {
+            self.answer(
+                reply,
+                Err(Refused::NotFound(
+                    "no shadow runs: start one with `km0 deploy NEW.wasm --shadow`".into(),
+                )),
+            );
+            return Ok(());
+        };
+        if running.commits_on_completion() {
+            running.complete_snapshot(true)?;
+        }
+        let record = Deployed {
+            id: self.deployments.len() as u64 + 1,
+            at_ms: metrics::now_ms(),
+            status: DeployStatus::Promoted,
+            reason: None,
+            aggregations: shadow.aggregations.clone(),
+            from: shadow.from.clone(),
+            to: shadow.to.clone(),
+            migrated: Vec::new(),
+            at_record: running.records(),
+            savepoint: None,
+            checkpoint: None,
+            pause_ms: 0.0,
+            savepoint_ms: 0.0,
+            swap_ms: 0.0,
+            prepare_ms: 0.0,
+            rollback_fault_rate: None,
+            watch: String::new(),
+        };
+        let swapped = running.promote();
+        self.settle(running, record, swapped, reply, t)
+    }
+
+    /// Drop the shadow.
+    fn abandon(
+        &mut self,
+        running: &mut RunningJob,
+        reply: Sender<std::result::Result<super::shadow::ShadowStatus, Refused>>,
+    ) {
+        let dropped = running.abandon_shadow();
+        self.answer(reply, dropped);
+    }
+
+    /// After a swap (a deploy, a promotion) or its refusal: the history, the watch, and
+    /// the reply once the rollback savepoint and the checkpoint after it are durable.
+    fn settle(
+        &mut self,
+        running: &mut RunningJob,
+        mut record: Deployed,
+        swapped: std::result::Result<super::swap::Swapped, NotSwapped>,
+        reply: DeployReply,
+        t: Instant,
+    ) -> Result<()> {
         let wanted = running.has_checkpoints();
-        match running.swap(deployment) {
+        match swapped {
             Ok(swapped) => {
                 self.saved(&swapped.savepoint);
                 let rate = running.rollback_fault_rate(&record.aggregations);

@@ -71,6 +71,8 @@ pub(super) struct Job {
     /// Per aggregation, the deployed component it runs instead of its pipeline file's
     /// (kept with checkpoints and savepoints).
     pub(super) components: Vec<Option<Component>>,
+    /// A new plugin version running beside the current one ([`super::shadow`]).
+    pub(super) shadow: Option<Box<super::shadow::Shadow>>,
     /// The latest late events and dead letters, for the status (repeats counted).
     pub(super) recent: std::collections::VecDeque<super::commands::SideRecord>,
     /// Times the source was paused for a sink that was behind, and for how long.
@@ -263,6 +265,7 @@ impl Job {
             snapshot_id: String::new(),
             fingerprint,
             components: vec![None; pipeline.aggregations.len()],
+            shadow: None,
             recent: Default::default(),
             backpressure: (0, Duration::ZERO),
             confined: None,
@@ -463,7 +466,13 @@ impl Job {
             if !refused.is_empty() && refused.iter().any(|(j, _)| *j == i) {
                 continue;
             }
-            match self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)? {
+            let mark = self.results.len();
+            let verdict = self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)?;
+            if let Some(shadow) = self.shadow.as_mut() {
+                let names = &self.decoder.names;
+                shadow.on_event(i, (&self.key_buf, t, wm), slots, names, &self.results[mark..])?;
+            }
+            match verdict {
                 Verdict::Accepted => {}
                 Verdict::Late { window } => self.late_event(i, t, wm, window, record, pos)?,
                 // Every operator sees the same key: the first one to meet it decides.
@@ -527,6 +536,14 @@ impl Job {
     }
 
     pub(super) fn advance(&mut self, wm: i64) -> Result<()> {
+        if let Some(shadow) = self.shadow.as_mut() {
+            for (i, op) in self.ops.iter_mut().enumerate() {
+                let mark = self.results.len();
+                op.advance(wm, &mut self.results)?;
+                shadow.advance(i, Some(wm), &self.results[mark..])?;
+            }
+            return Ok(());
+        }
         for op in &mut self.ops {
             op.advance(wm, &mut self.results)?;
         }

@@ -472,6 +472,35 @@ impl<'p> RunningJob<'p> {
         self.job.swap(self.pipeline, &self.source, self.checkpoints.as_mut(), d, &self.savepoint_dir)
     }
 
+    /// Swap the shadow in (see [`super::shadow`]).
+    pub(super) fn promote(&mut self) -> std::result::Result<Swapped, NotSwapped> {
+        self.job.promote(self.pipeline, &self.source, self.checkpoints.as_mut(), &self.savepoint_dir)
+    }
+
+    /// Start a shadow of `d` (deploy number `id`).
+    pub(super) fn start_shadow(
+        &mut self,
+        d: Deployment,
+        id: u64,
+    ) -> std::result::Result<super::shadow::ShadowStatus, Refused> {
+        if let Some(why) = self.why_not_watched().filter(|_| self.pipeline.task.is_some()) {
+            return Err(Refused::Closed(format!("no shadow deploys here: {why}")));
+        }
+        let file = self.pipeline.savepoints.join(format!("shadow-{id}-differences.jsonl"));
+        let at = self.records();
+        self.job.start_shadow(self.pipeline, d, id, at, Some(file))
+    }
+
+    /// Drop the shadow.
+    pub(super) fn abandon_shadow(&mut self) -> std::result::Result<super::shadow::ShadowStatus, Refused> {
+        self.job.abandon_shadow(self.pipeline)
+    }
+
+    /// The shadow's status, if one runs.
+    pub(super) fn shadow(&self) -> Option<super::shadow::ShadowStatus> {
+        self.job.shadow.as_ref().map(|s| s.status())
+    }
+
     /// The job's status as the control API shows it (the port adds what it keeps itself:
     /// savepoints, deploys, throughput).
     pub(super) fn status(&self, state: JobState) -> JobStatus {
@@ -525,6 +554,7 @@ impl<'p> RunningJob<'p> {
             throughput: Vec::new(),
             tasks: Vec::new(),
             group: None,
+            shadow: job.shadow.as_ref().map(|s| s.status()),
         }
     }
 
@@ -601,8 +631,15 @@ impl<'p> RunningJob<'p> {
     /// Fire every open window and commit the sinks, as at the end of a bounded input.
     fn drain(&mut self) -> Result<()> {
         let job = &mut self.job;
-        for op in &mut job.ops {
+        for (i, op) in job.ops.iter_mut().enumerate() {
+            let mark = job.results.len();
             op.drain(&mut job.results)?;
+            if let Some(shadow) = job.shadow.as_mut() {
+                shadow.advance(i, None, &job.results[mark..])?;
+            }
+        }
+        if let Some(shadow) = job.shadow.as_mut() {
+            shadow.flush();
         }
         job.write_results()?;
         let mut barrier = job.barrier();

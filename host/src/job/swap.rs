@@ -190,6 +190,38 @@ impl Job {
         Ok((decoder, columns, results_fingerprint(pipeline, &plugins)))
     }
 
+    /// Swap the shadow's operators in ([`super::shadow`]) at this record boundary, after a
+    /// rollback savepoint of the job as it is.
+    pub(super) fn promote(
+        &mut self,
+        pipeline: &Pipeline,
+        source: &Source,
+        checkpoints: Option<&mut Checkpointer>,
+        savepoint_dir: &Path,
+    ) -> std::result::Result<Swapped, NotSwapped> {
+        if self.shadow.is_none() {
+            return Err(NotSwapped::Refused(Box::new(Refused::NotFound("no shadow runs".into())), None));
+        }
+        let t = Instant::now();
+        let (savepoint, writer) = begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir)
+            .map_err(|f| match f {
+                SavepointFailed::Savepoint(e) => NotSwapped::Refused(
+                    Box::new(Refused::Failed(format!(
+                        "the rollback savepoint could not be written, so nothing was swapped: {e}"
+                    ))),
+                    None,
+                ),
+                SavepointFailed::Job(e) => NotSwapped::Failed(e),
+            })?;
+        let savepoint_time = t.elapsed();
+        let t = Instant::now();
+        if let Err(r) = self.promote_shadow(pipeline) {
+            let kept = writer.map_or(Ok(()), join_writer).ok().map(|()| savepoint.clone());
+            return Err(NotSwapped::Refused(Box::new(r), kept));
+        }
+        Ok(Swapped { writer, migrated: Vec::new(), savepoint, savepoint_time, swap_time: t.elapsed() })
+    }
+
     /// Swap in a deployment's plugins at this record boundary (see the module's text).
     pub(super) fn swap(
         &mut self,

@@ -630,6 +630,14 @@ impl Fan<'_> {
                 Some(Command::Release { aggregation, key, reply }) => {
                     let _ = reply.send(self.release(aggregation, key));
                 }
+                Some(
+                    command @ (Command::Shadow { .. } | Command::Promote { .. } | Command::Abandon { .. }),
+                ) => {
+                    command.refuse(
+                        "shadow deploys run in a job of one task (this one runs a task per partition): deploy \
+                         live, or stop with a savepoint and try the new version on a copy",
+                    );
+                }
                 Some(Command::Deploy { deployment, reply }) => {
                     let component = deployment.component.clone();
                     let answer = self.deploy(deployment, deployments.len() as u64 + 1);

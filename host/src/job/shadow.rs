@@ -1,0 +1,379 @@
+//! Shadow deploys: a new plugin version runs beside the current one over the same events,
+//! and what it would write is compared with what the current one writes, window by
+//! window; nothing of it reaches the sinks.
+//!
+//! - Started (`km0 deploy NEW.wasm --job URL --shadow`), each aggregation it replaces gets
+//!   a second window operator running the new plugin, its state a copy of the current
+//!   one's (accumulators converted by the new plugin's `migrate` when the state schema
+//!   differs), as a savepoint restored with the new plugin would have it. From then on it
+//!   takes every event the current operator takes and fires at the same watermarks.
+//! - Each firing compares the two operators' results by result key, on the fields both
+//!   results have: equal, different (one wrote a result the other did not, or a shared
+//!   field differs), or faulted (the new plugin failed on the window). Differences go to
+//!   a side file with both values, and the latest to the status.
+//! - Promoted (`--promote`), the shadow operators replace the current ones as they are:
+//!   their accumulators are warm, no migration pauses the job. The swap is a live deploy
+//!   in every other way (rollback savepoint, checkpoint after it, automatic rollback).
+//!   Abandoned (`--abandon`), they are dropped.
+//!
+//! A shadow is not in checkpoints: a restart runs without it.
+
+use super::commands::Refused;
+use super::route::{fields_of, operator, Job};
+use super::swap::Deployment;
+use super::upgrade::{self, Refusal};
+use super::*;
+use crate::source::decode::Decoder;
+use crate::window::aggregator::Aggregator;
+use crate::window::operator::{Emitted, Snapshot, WindowOperator};
+use serde::Serialize;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
+
+/// Differences the status keeps.
+const RECENT_DIFFERENCES: usize = 5;
+
+/// What a shadow has found so far (the status's `shadow`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ShadowStatus {
+    /// The deploy it came with (its number in the deploy history).
+    pub id: u64,
+    pub aggregations: Vec<String>,
+    pub from: Vec<PluginIdentity>,
+    pub to: PluginIdentity,
+    /// Records read when it started, and when (epoch ms).
+    pub since_record: u64,
+    pub at_ms: i64,
+    /// Windows the shadow fired, and of them: equal, different, faulted.
+    pub windows: u64,
+    pub equal: u64,
+    pub different: u64,
+    pub faulted: u64,
+    /// Where every difference is written (one JSON line each).
+    pub differences_file: Option<PathBuf>,
+    /// The latest differences.
+    pub recent_differences: Vec<ShadowDifference>,
+}
+
+/// One window whose results differ.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShadowDifference {
+    pub deploy: u64,
+    pub aggregation: String,
+    /// The result key (`[aggregation|]window start|key fields`).
+    pub key: String,
+    /// What the current plugin wrote, and what the shadow would have (none: no result).
+    pub current: Option<String>,
+    pub shadow: Option<String>,
+    /// The shared fields that differ (empty: one side wrote no result).
+    pub fields: Vec<String>,
+}
+
+/// A new plugin running beside the current one.
+pub(super) struct Shadow {
+    status: ShadowStatus,
+    component: Component,
+    /// (aggregation index, the shadow's operator).
+    ops: Vec<(usize, WindowOperator)>,
+    recent: VecDeque<ShadowDifference>,
+    file: Option<std::io::BufWriter<std::fs::File>>,
+    /// The shadow's results of the call being compared.
+    out: Vec<Emitted>,
+}
+
+impl Shadow {
+    pub(super) fn status(&self) -> ShadowStatus {
+        ShadowStatus { recent_differences: self.recent.iter().cloned().collect(), ..self.status.clone() }
+    }
+
+    /// The shadow of aggregation `i` takes the event the current operator just took;
+    /// `(key, t, wm)`: the event's key, time and the watermark at its arrival; `current`:
+    /// what the current operator wrote meanwhile (re-emitted windows).
+    #[inline]
+    pub(super) fn on_event(
+        &mut self,
+        i: usize,
+        (key, t, wm): (&[u8], i64, i64),
+        slots: &[Option<crate::source::json::Scalar>],
+        names: &[String],
+        current: &[Emitted],
+    ) -> Result<()> {
+        let Some(k) = self.ops.iter().position(|(j, _)| *j == i) else { return Ok(()) };
+        let op = &mut self.ops[k].1;
+        let fired = op.counters().windows_fired;
+        if op.check(slots, names).is_ok() {
+            op.on_event(key, t, wm, slots, &mut self.out)?;
+        }
+        self.compare(k, fired, current)
+    }
+
+    /// The shadow of aggregation `i` fires what is due at `wm`, or (`wm` none) every
+    /// window (the end of the input).
+    pub(super) fn advance(&mut self, i: usize, wm: Option<i64>, current: &[Emitted]) -> Result<()> {
+        let Some(k) = self.ops.iter().position(|(j, _)| *j == i) else { return Ok(()) };
+        let op = &mut self.ops[k].1;
+        let fired = op.counters().windows_fired;
+        match wm {
+            Some(wm) => op.advance(wm, &mut self.out)?,
+            None => op.drain(&mut self.out)?,
+        }
+        self.compare(k, fired, current)
+    }
+
+    /// Compare what the shadow operator `k` wrote (in `out`) with `current`, for the
+    /// windows it fired since its count was `fired`.
+    fn compare(&mut self, k: usize, fired: u64, current: &[Emitted]) -> Result<()> {
+        let op = &mut self.ops[k].1;
+        let rejected = op.take_rejected();
+        let windows = op.counters().windows_fired - fired;
+        if windows == 0 && self.out.is_empty() && current.is_empty() && rejected.is_empty() {
+            return Ok(());
+        }
+        let aggregation = op.name().to_string();
+        let mut faulted = 0u64;
+        for r in &rejected {
+            // Windows whose result (or whose events) the new plugin failed on.
+            faulted += r.event_times.is_empty() as u64;
+        }
+        let theirs: BTreeMap<&str, Option<&str>> =
+            self.out.iter().map(|e| (e.key.as_str(), e.value.as_deref())).collect();
+        let ours: BTreeMap<&str, Option<&str>> =
+            current.iter().map(|e| (e.key.as_str(), e.value.as_deref())).collect();
+        let mut differences = Vec::new();
+        for key in ours.keys().chain(theirs.keys().filter(|k| !ours.contains_key(*k))) {
+            let (a, b) = (ours.get(key).copied().flatten(), theirs.get(key).copied().flatten());
+            if let Some(fields) = differ(a, b) {
+                differences.push(ShadowDifference {
+                    deploy: self.status.id,
+                    aggregation: aggregation.clone(),
+                    key: key.to_string(),
+                    current: a.map(str::to_string),
+                    shadow: b.map(str::to_string),
+                    fields,
+                });
+            }
+        }
+        self.out.clear();
+        let different_before = self.status.different;
+        let s = &mut self.status;
+        s.windows += windows;
+        s.faulted += faulted;
+        s.different += differences.len() as u64;
+        s.equal = s.windows.saturating_sub(s.different + s.faulted);
+        for d in differences {
+            if let Some(f) = self.file.as_mut() {
+                let line = serde_json::to_string(&d).map_err(|e| Error::Usage(e.to_string()))?;
+                writeln!(f, "{line}").map_err(|e| {
+                    Error::io("write", self.status.differences_file.as_deref().unwrap_or(Path::new("")), e)
+                })?;
+            }
+            if self.recent.len() == RECENT_DIFFERENCES {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(d);
+        }
+        if self.status.different > different_before {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// Write the differences out (at checkpoints and status).
+    pub(super) fn flush(&mut self) {
+        if let Some(f) = self.file.as_mut() {
+            if let Err(e) = f.flush() {
+                tracing::warn!(error = %e, "the shadow's differences file");
+            }
+        }
+    }
+}
+
+/// Whether two results differ, on the fields both have: the fields that differ, or none
+/// (an empty list when one side has no result).
+fn differ(a: Option<&str>, b: Option<&str>) -> Option<Vec<String>> {
+    let (a, b) = match (a, b) {
+        (None, None) => return None,
+        (Some(a), Some(b)) if a == b => return None,
+        (Some(a), Some(b)) => (a, b),
+        _ => return Some(Vec::new()),
+    };
+    let parse = |s: &str| serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(s).ok();
+    let (Some(a), Some(b)) = (parse(a), parse(b)) else { return Some(Vec::new()) };
+    let fields: Vec<String> =
+        a.iter().filter(|(k, v)| b.get(*k).is_some_and(|w| w != *v)).map(|(k, _)| k.clone()).collect();
+    (!fields.is_empty()).then_some(fields)
+}
+
+impl Job {
+    /// Start running a deployment's plugins as a shadow of the aggregations they replace.
+    pub(super) fn start_shadow(
+        &mut self,
+        pipeline: &Pipeline,
+        d: Deployment,
+        id: u64,
+        at_record: u64,
+        file: Option<PathBuf>,
+    ) -> std::result::Result<ShadowStatus, Refused> {
+        if let Some(s) = &self.shadow {
+            return Err(Refused::Closed(format!(
+                "deploy {} runs as a shadow already: promote or abandon it first",
+                s.status.id
+            )));
+        }
+        for (i, p) in &d.plugins {
+            let op = &self.ops[*i];
+            upgrade::same_logic(op.name(), op.identity(), p.identity())?;
+            upgrade::key_fields(pipeline, op.name(), p)?;
+        }
+        // One decoder for both: the current plugins' columns, then the shadow's.
+        let mut all: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
+        all.extend(d.plugins.iter().map(|(_, p)| p as &dyn Aggregator));
+        let (decoder, mut columns) =
+            Decoder::new(pipeline, &fields_of(&all)).map_err(|e| Refusal::Fields(Box::new(e)))?;
+        let shadow_columns = columns.split_off(self.ops.len());
+        let wm = self.watermarks.current();
+        let mut ops = Vec::new();
+        let mut from = Vec::new();
+        let mut aggregations = Vec::new();
+        let fail = |e: Error| Refused::Failed(e.to_string());
+        for ((i, plugin), cols) in d.plugins.into_iter().zip(shadow_columns) {
+            let (old, new) = (self.ops[i].identity().clone(), plugin.identity().clone());
+            let captured = self.ops[i].capture().map_err(fail)?;
+            let mut snap = Snapshot {
+                slots: captured
+                    .slots
+                    .iter()
+                    .map(|(key, id, window, acc)| crate::state::saved::SavedSlot {
+                        key: key.to_vec(),
+                        id,
+                        window,
+                        acc: acc.to_vec(),
+                    })
+                    .collect(),
+                rows: captured.rows,
+                counters: captured.counters,
+            };
+            let mut op = operator(pipeline, i, plugin, cols);
+            if old.state_schema != new.state_schema {
+                op.migrate(old.state_schema, &mut snap)
+                    .map_err(|e| Refused::from(upgrade::migration_failed(&old, &new, e)))?;
+            }
+            op.restore(&snap, wm, true).map_err(fail)?;
+            aggregations.push(op.name().to_string());
+            from.push(old);
+            ops.push((i, op));
+        }
+        let Some(to) = ops.first().map(|(_, op)| op.identity().clone()) else {
+            return Err(Refused::Closed("the deploy replaces no aggregation".into()));
+        };
+        let file = match file {
+            Some(path) => {
+                let opened = path
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&path));
+                match opened {
+                    Ok(f) => Some((path, std::io::BufWriter::new(f))),
+                    Err(e) => {
+                        return Err(Refused::Failed(format!(
+                            "the shadow's differences file {}: {e}",
+                            path.display()
+                        )))
+                    }
+                }
+            }
+            None => None,
+        };
+        for (op, cols) in self.ops.iter_mut().zip(columns) {
+            op.set_columns(cols);
+        }
+        self.decoder = decoder;
+        let (differences_file, file) = match file {
+            Some((p, f)) => (Some(p), Some(f)),
+            None => (None, None),
+        };
+        let status = ShadowStatus {
+            id,
+            aggregations,
+            from,
+            to,
+            since_record: at_record,
+            at_ms: metrics::now_ms(),
+            differences_file,
+            ..ShadowStatus::default()
+        };
+        tracing::info!(deploy = id, to = %format!("{} {}", status.to.name, status.to.version), at_record, "shadow started");
+        self.shadow = Some(Box::new(Shadow {
+            status: status.clone(),
+            component: d.component,
+            ops,
+            recent: VecDeque::new(),
+            file,
+            out: Vec::new(),
+        }));
+        Ok(status)
+    }
+
+    /// Drop the shadow (abandoned): the decoder reads what the current plugins need again.
+    pub(super) fn abandon_shadow(
+        &mut self,
+        pipeline: &Pipeline,
+    ) -> std::result::Result<ShadowStatus, Refused> {
+        let Some(mut shadow) = self.shadow.take() else {
+            return Err(Refused::NotFound("no shadow runs".into()));
+        };
+        shadow.flush();
+        self.rebuild_decoder(pipeline)?;
+        tracing::info!(deploy = shadow.status.id, "shadow abandoned");
+        Ok(shadow.status())
+    }
+
+    /// Swap the shadow's operators in for the current ones (promoted): the caller took
+    /// the rollback savepoint.
+    pub(super) fn promote_shadow(
+        &mut self,
+        pipeline: &Pipeline,
+    ) -> std::result::Result<ShadowStatus, Refused> {
+        let Some(mut shadow) = self.shadow.take() else {
+            return Err(Refused::NotFound("no shadow runs".into()));
+        };
+        shadow.flush();
+        for (i, op) in std::mem::take(&mut shadow.ops) {
+            self.ops[i] = op;
+            self.components[i] = Some(shadow.component.clone());
+        }
+        self.rebuild_decoder(pipeline)?;
+        let plugins: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
+        self.fingerprint = super::route::results_fingerprint(pipeline, &plugins);
+        tracing::info!(deploy = shadow.status.id, "shadow promoted");
+        Ok(shadow.status())
+    }
+
+    /// The decoder and columns of the current plugins alone.
+    fn rebuild_decoder(&mut self, pipeline: &Pipeline) -> std::result::Result<(), Refused> {
+        let plugins: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
+        let (decoder, columns) =
+            Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| Refused::Failed(e.to_string()))?;
+        for (op, cols) in self.ops.iter_mut().zip(columns) {
+            op.set_columns(cols);
+        }
+        self.decoder = decoder;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::differ;
+
+    #[test]
+    fn results_differ_on_the_fields_both_have_or_when_one_is_missing() {
+        assert_eq!(differ(None, None), None);
+        assert_eq!(differ(Some(r#"{"a":1}"#), Some(r#"{"a":1}"#)), None);
+        // A field only one has does not count.
+        assert_eq!(differ(Some(r#"{"a":1}"#), Some(r#"{"a":1,"b":2}"#)), None);
+        assert_eq!(differ(Some(r#"{"a":1,"c":3}"#), Some(r#"{"c":4,"a":1}"#)), Some(vec!["c".to_string()]));
+        assert_eq!(differ(Some(r#"{"a":1}"#), None), Some(vec![]));
+        assert_eq!(differ(None, Some(r#"{"a":1}"#)), Some(vec![]));
+    }
+}

@@ -281,62 +281,11 @@ fn metrics_parse_as_prometheus_text_and_agree_with_the_status_and_the_input() {
     assert!(child.wait_with_output().unwrap().status.success());
 }
 
-/// A job whose plugin panics on one product ("boom") and writes to stderr on another.
-fn poisoned_pipeline(dir: &Path) -> PathBuf {
-    let text = format!(
-        r#"
-name = "poisoned"
-key = ["producto"]
-[source]
-kind = "file"
-path = {input:?}
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = {plugin:?}
-quarantine_after = 3
-[plugin.config]
-behaviour = "poisoned"
-panic_key = "panics|1"
-probe_key = "probe"
-[sink]
-kind = "file"
-path = "out/out.jsonl"
-[late]
-path = "out/late.jsonl"
-[dead_letter]
-path = "out/dead.jsonl"
-[savepoints]
-dir = "out/savepoints"
-"#,
-        input = dir.join("live.jsonl").display().to_string(),
-        plugin = plugin("hostile").display().to_string(),
-    );
-    let path = dir.join("poisoned.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-/// Minutes `from..to` of events: one a minute for each of `p1`, `probe` and `panics|1`.
-fn poisoned_minutes(from: i64, to: i64) -> String {
-    let t0: i64 = 1_767_225_600_000;
-    (from..to)
-        .flat_map(|m| {
-            ["p1", "probe", "panics|1"]
-                .map(|p| format!("{{\"producto\":\"{p}\",\"fecha_ms\":{}}}\n", t0 + m * 60_000))
-        })
-        .collect()
-}
-
 #[test]
 fn quarantined_keys_are_shown_released_by_the_api_and_kept_in_savepoints() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("live.jsonl"), poisoned_minutes(0, 30)).unwrap();
-    let job = poisoned_pipeline(dir.path());
+    std::fs::write(dir.path().join("live.jsonl"), poisoned_minutes("panics|1", 0, 30)).unwrap();
+    let job = poisoned_pipeline(dir.path(), "panics|1");
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let child = start_following(&job, port, "s3cret");
@@ -380,7 +329,7 @@ fn quarantined_keys_are_shown_released_by_the_api_and_kept_in_savepoints() {
     wait_for("the release shows", || status()["aggregations"][0]["quarantined"] == 0);
 
     // Released, the key faults again: three more windows quarantine it again.
-    append(dir.path(), &poisoned_minutes(30, 50));
+    append(dir.path(), &poisoned_minutes("panics|1", 30, 50));
     wait_for("the key is quarantined again", || status()["aggregations"][0]["quarantined"] == 1);
     let out = Command::new(km0()).args(["stop", "--job", &url]).env("KM0_TOKEN", "s3cret").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

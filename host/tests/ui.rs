@@ -1,12 +1,13 @@
 //! The web UI in a real headless browser (Debian's chromium, driven through chromedriver
 //! with WebDriver): the numbers it shows are the API's, the watermark moves while the job
-//! runs, and a deploy through its form swaps the plugin.
+//! runs, a deploy through its form swaps the plugin, and text from outside (a key, a
+//! plugin's output) is shown as text.
 
 mod common;
 use common::*;
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use km0::control::client::call;
+use km0::control::client::{call, send};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -144,5 +145,58 @@ fn the_ui_shows_the_apis_numbers_follows_the_watermark_and_deploys_through_its_f
         c.close().await.unwrap();
     });
     assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some("ui-token")).unwrap().0, 200);
+    assert!(child.wait_with_output().unwrap().status.success());
+}
+
+/// A key made of markup, quarantined: the page shows it as text in the quarantined keys'
+/// table (no element is made of it), what the plugin wrote to stderr is among the recent
+/// side outputs, and a shadow deploy's comparison shows under Deploys.
+#[test]
+fn the_ui_shows_quarantined_keys_plugin_output_and_a_shadow_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let poison = "<img id=\"injected\" src=x onerror=\"document.title='owned'\">";
+    std::fs::write(dir.path().join("live.jsonl"), poisoned_minutes(poison, 0, 30)).unwrap();
+    let job = poisoned_pipeline(dir.path(), poison);
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, "ui-token");
+    wait_for("the key is quarantined", || {
+        call(&url, "GET", "/api/v1/job", None)
+            .is_ok_and(|(_, b)| json(&b)["aggregations"][0]["quarantined"] == 1)
+    });
+    let (code, body) = send(
+        &url,
+        "POST",
+        "/api/v1/deployments?shadow=true",
+        Some("ui-token"),
+        &std::fs::read(plugin("hostile")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let driver = chromedriver();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = browser(&driver).await;
+        c.goto(&format!("{url}/")).await.unwrap();
+        until("the page shows the quarantined key", || async {
+            shown(&c, "quarantined").await.contains(poison)
+        })
+        .await;
+        let table = shown(&c, "quarantined").await;
+        assert!(table.contains("panicked at") && table.contains("boom"), "{table}");
+        assert!(c.find(Locator::Id("injected")).await.is_err(), "the key became an element");
+        assert_ne!(c.title().await.unwrap(), "owned");
+        assert!(shown(&c, "aggregations").await.contains("hostile@0.1.0"));
+        until("the page shows the plugin's output", || async {
+            shown(&c, "recent").await.contains("probe of probe: file Err(")
+        })
+        .await;
+        until("the page shows the shadow", || async {
+            shown(&c, "shadow").await.contains("Shadow: hostile@0.1.0 runs beside hostile@0.1.0")
+        })
+        .await;
+        c.close().await.unwrap();
+    });
+    assert_eq!(call(&url, "POST", "/api/v1/stop", Some("ui-token")).unwrap().0, 200);
     assert!(child.wait_with_output().unwrap().status.success());
 }

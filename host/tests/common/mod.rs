@@ -144,3 +144,57 @@ pub fn append(dir: &Path, text: &str) {
     let mut f = std::fs::OpenOptions::new().append(true).open(dir.join("live.jsonl")).unwrap();
     f.write_all(text.as_bytes()).unwrap();
 }
+
+/// A job over the followed `dir/live.jsonl` whose plugin panics on product `panic_key`
+/// ("boom") and writes to stderr on product `probe`.
+pub fn poisoned_pipeline(dir: &Path, panic_key: &str) -> PathBuf {
+    let text = format!(
+        r#"
+name = "poisoned"
+key = ["producto"]
+[source]
+kind = "file"
+path = {input:?}
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = {plugin:?}
+quarantine_after = 3
+[plugin.config]
+behaviour = "poisoned"
+panic_key = {panic_key:?}
+probe_key = "probe"
+[sink]
+kind = "file"
+path = "out/out.jsonl"
+[late]
+path = "out/late.jsonl"
+[dead_letter]
+path = "out/dead.jsonl"
+[savepoints]
+dir = "out/savepoints"
+"#,
+        input = dir.join("live.jsonl").display().to_string(),
+        plugin = plugin("hostile").display().to_string(),
+    );
+    let path = dir.join("poisoned.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Minutes `from..to` of events: one a minute for each of `p1`, `probe` and `poisoned`.
+pub fn poisoned_minutes(poisoned: &str, from: i64, to: i64) -> String {
+    let t0: i64 = 1_767_225_600_000;
+    (from..to)
+        .flat_map(|m| {
+            ["p1", "probe", poisoned].map(|p| {
+                let record = serde_json::json!({ "producto": p, "fecha_ms": t0 + m * 60_000 });
+                format!("{record}\n")
+            })
+        })
+        .collect()
+}

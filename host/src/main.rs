@@ -535,6 +535,30 @@ fn run(cli: Cli) -> Result<()> {
                         a["open_windows"],
                         a["keys"]
                     );
+                    if a["quarantined"].as_u64().unwrap_or(0) > 0 {
+                        let keys: Vec<String> = a["quarantined_keys"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .take(5)
+                            .map(|q| {
+                                format!(
+                                    "{:?}",
+                                    q["key"]
+                                        .as_array()
+                                        .into_iter()
+                                        .flatten()
+                                        .filter_map(|f| f.as_str())
+                                        .collect::<Vec<_>>()
+                                        .join("|")
+                                )
+                            })
+                            .collect();
+                        println!("    {} keys quarantined: {}", a["quarantined"], keys.join(", "));
+                    }
+                }
+                if v["shadow"].is_object() {
+                    print_shadow(&v["shadow"], "running");
                 }
             }
         }

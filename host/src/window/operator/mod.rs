@@ -622,6 +622,8 @@ impl WindowOperator {
             self.handing_over_to_close = self.fire_cleans_up();
             let flushed = self.flush_before_firing(wm);
             self.handing_over_to_close = false;
+            // (Set by a failed `fire_closing` for the rows it had: handed over now.)
+            self.isolate_next = false;
             flushed?;
             // Fires that close their slots removed them.
             self.emit(&fires, out, self.fire_cleans_up())?;

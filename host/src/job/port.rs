@@ -298,25 +298,12 @@ impl LoopControl {
         if running.commits_on_completion() {
             running.complete_snapshot(true)?;
         }
-        let record = Deployed {
-            id: self.deployments.len() as u64 + 1,
-            at_ms: metrics::now_ms(),
-            status: DeployStatus::Promoted,
-            reason: None,
-            aggregations: shadow.aggregations.clone(),
-            from: shadow.from.clone(),
-            to: shadow.to.clone(),
-            migrated: Vec::new(),
-            at_record: running.records(),
-            savepoint: None,
-            checkpoint: None,
-            pause_ms: 0.0,
-            savepoint_ms: 0.0,
-            swap_ms: 0.0,
-            prepare_ms: 0.0,
-            rollback_fault_rate: None,
-            watch: String::new(),
-        };
+        let record = self.new_record(
+            DeployStatus::Promoted,
+            (shadow.aggregations.clone(), shadow.from.clone(), shadow.to.clone()),
+            running.records(),
+            0.0,
+        );
         let swapped = running.promote();
         self.settle(running, record, swapped, reply, t)
     }
@@ -417,29 +404,41 @@ impl LoopControl {
     fn record(&self, running: &RunningJob, deployment: &super::swap::Deployment) -> Option<Deployed> {
         let to = deployment.plugins.first().map(|(_, p)| p.identity().clone())?;
         let (pipeline, plugins) = (running.pipeline(), running.plugins());
-        Some(Deployed {
+        let aggregations =
+            deployment.plugins.iter().map(|(i, _)| pipeline.aggregations[*i].name.clone()).collect();
+        let from = deployment.plugins.iter().map(|(i, _)| plugins[*i].clone()).collect();
+        let prepare_ms = deployment.prepare.as_secs_f64() * 1e3;
+        Some(self.new_record(DeployStatus::Swapped, (aggregations, from, to), running.records(), prepare_ms))
+    }
+
+    /// The next record of the deploy history: `(aggregations, from, to)` at record
+    /// `at_record`, prepared in `prepare_ms`.
+    fn new_record(
+        &self,
+        status: DeployStatus,
+        (aggregations, from, to): (Vec<String>, Vec<PluginIdentity>, PluginIdentity),
+        at_record: u64,
+        prepare_ms: f64,
+    ) -> Deployed {
+        Deployed {
             id: self.deployments.len() as u64 + 1,
             at_ms: metrics::now_ms(),
-            status: DeployStatus::Swapped,
+            status,
             reason: None,
-            aggregations: deployment
-                .plugins
-                .iter()
-                .map(|(i, _)| pipeline.aggregations[*i].name.clone())
-                .collect(),
-            from: deployment.plugins.iter().map(|(i, _)| plugins[*i].clone()).collect(),
+            aggregations,
+            from,
             to,
             migrated: Vec::new(),
-            at_record: running.records(),
+            at_record,
             savepoint: None,
             checkpoint: None,
             pause_ms: 0.0,
             savepoint_ms: 0.0,
             swap_ms: 0.0,
-            prepare_ms: deployment.prepare.as_secs_f64() * 1e3,
+            prepare_ms,
             rollback_fault_rate: None,
             watch: String::new(),
-        })
+        }
     }
 
     /// Keep the records read about every second, for the last five minutes.

@@ -319,10 +319,7 @@ impl Job {
         &mut self,
         pipeline: &Pipeline,
     ) -> std::result::Result<ShadowStatus, Refused> {
-        let Some(mut shadow) = self.shadow.take() else {
-            return Err(Refused::NotFound("no shadow runs".into()));
-        };
-        shadow.flush();
+        let shadow = self.take_shadow()?;
         self.rebuild_decoder(pipeline)?;
         tracing::info!(deploy = shadow.status.id, "shadow abandoned");
         Ok(shadow.status())
@@ -334,10 +331,7 @@ impl Job {
         &mut self,
         pipeline: &Pipeline,
     ) -> std::result::Result<ShadowStatus, Refused> {
-        let Some(mut shadow) = self.shadow.take() else {
-            return Err(Refused::NotFound("no shadow runs".into()));
-        };
-        shadow.flush();
+        let mut shadow = self.take_shadow()?;
         for (i, op) in std::mem::take(&mut shadow.ops) {
             self.ops[i] = op;
             self.components[i] = Some(shadow.component.clone());
@@ -347,6 +341,13 @@ impl Job {
         self.fingerprint = super::route::results_fingerprint(pipeline, &plugins);
         tracing::info!(deploy = shadow.status.id, "shadow promoted");
         Ok(shadow.status())
+    }
+
+    /// The shadow, ended here (its differences written out).
+    fn take_shadow(&mut self) -> std::result::Result<Box<Shadow>, Refused> {
+        let mut shadow = self.shadow.take().ok_or_else(|| Refused::NotFound("no shadow runs".into()))?;
+        shadow.flush();
+        Ok(shadow)
     }
 
     /// The decoder and columns of the current plugins alone.

@@ -190,6 +190,28 @@ impl Job {
         Ok((decoder, columns, results_fingerprint(pipeline, &plugins)))
     }
 
+    /// A swap's rollback point: written like the job's checkpoints when they are
+    /// incremental (RocksDB); otherwise captured now and written by another thread (before
+    /// going on when the sink commits once a snapshot is durable). One that cannot be
+    /// written refuses the swap: nothing was swapped, the job goes on as it was.
+    fn rollback_point(
+        &mut self,
+        pipeline: &Pipeline,
+        source: &Source,
+        checkpoints: Option<&mut Checkpointer>,
+        savepoint_dir: &Path,
+    ) -> std::result::Result<(PathBuf, Option<SavepointWriter>), NotSwapped> {
+        begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir).map_err(|f| match f {
+            SavepointFailed::Savepoint(e) => NotSwapped::Refused(
+                Box::new(Refused::Failed(format!(
+                    "the rollback savepoint could not be written, so nothing was swapped: {e}"
+                ))),
+                None,
+            ),
+            SavepointFailed::Job(e) => NotSwapped::Failed(e),
+        })
+    }
+
     /// Swap the shadow's operators in ([`super::shadow`]) at this record boundary, after a
     /// rollback savepoint of the job as it is.
     pub(super) fn promote(
@@ -203,16 +225,7 @@ impl Job {
             return Err(NotSwapped::Refused(Box::new(Refused::NotFound("no shadow runs".into())), None));
         }
         let t = Instant::now();
-        let (savepoint, writer) = begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir)
-            .map_err(|f| match f {
-                SavepointFailed::Savepoint(e) => NotSwapped::Refused(
-                    Box::new(Refused::Failed(format!(
-                        "the rollback savepoint could not be written, so nothing was swapped: {e}"
-                    ))),
-                    None,
-                ),
-                SavepointFailed::Job(e) => NotSwapped::Failed(e),
-            })?;
+        let (savepoint, writer) = self.rollback_point(pipeline, source, checkpoints, savepoint_dir)?;
         let savepoint_time = t.elapsed();
         let t = Instant::now();
         if let Err(r) = self.promote_shadow(pipeline) {
@@ -234,21 +247,8 @@ impl Job {
         let (decoder, columns, fingerprint) =
             self.check_swap(pipeline, &d).map_err(|r| NotSwapped::Refused(Box::new(r.into()), None))?;
 
-        // The rollback point: written like the job's checkpoints when they are
-        // incremental (RocksDB); otherwise captured now and written by another thread
-        // (before going on when the sink commits once a snapshot is durable).
         let t = Instant::now();
-        let (savepoint, writer) = begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir)
-            .map_err(|f| match f {
-                // Nothing was swapped: the job goes on as it was.
-                SavepointFailed::Savepoint(e) => NotSwapped::Refused(
-                    Box::new(Refused::Failed(format!(
-                        "the rollback savepoint could not be written, so nothing was swapped: {e}"
-                    ))),
-                    None,
-                ),
-                SavepointFailed::Job(e) => NotSwapped::Failed(e),
-            })?;
+        let (savepoint, writer) = self.rollback_point(pipeline, source, checkpoints, savepoint_dir)?;
         let savepoint_time = t.elapsed();
         // A refused swap waits for its rollback savepoint (named in the refusal).
         let refused = |r: Refused, writer: Option<SavepointWriter>| {

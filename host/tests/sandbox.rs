@@ -512,42 +512,12 @@ fn poison_keys_are_dead_lettered_once_with_honest_reasons_and_cost_a_bounded_tim
     assert_eq!(poisoned.len(), 100);
     let input = dir.path().join("events.jsonl");
     std::fs::write(&input, lines).unwrap();
-    let text = format!(
-        r#"
-name = "poisoned"
-key = ["producto"]
-[source]
-kind = "file"
-path = {input:?}
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = {plugin:?}
-call_timeout = "300ms"
-max_memory_mb = 256
-[plugin.config]
-behaviour = "poisoned"
-loop_key = "loops"
-alloc_key = "allocates"
-panic_key = "panics"
-probe_key = "probe"
-[sink]
-kind = "file"
-path = "out.jsonl"
-[late]
-path = "late.jsonl"
-[dead_letter]
-path = "dead.jsonl"
-"#,
-        input = input.display().to_string(),
-        plugin = plugin("hostile").display().to_string(),
+    let path = poisoned_pipeline_with(
+        dir.path(),
+        &input,
+        "call_timeout = \"300ms\"\nmax_memory_mb = 256",
+        "loop_key = \"loops\"\nalloc_key = \"allocates\"\npanic_key = \"panics\"",
     );
-    let path = dir.path().join("p.toml");
-    std::fs::write(&path, text).unwrap();
     let p = Pipeline::load(&path).unwrap();
     let runtime = PluginRuntime::new().unwrap();
     // Compiled (and cached) before the clock starts: the run is what is timed.
@@ -557,7 +527,7 @@ path = "dead.jsonl"
     let took = started.elapsed();
 
     // Every normal result is the model's: one per (product, window), its count.
-    let got: std::collections::BTreeMap<(String, i64), u64> = keyed(dir.path())
+    let got: std::collections::BTreeMap<(String, i64), u64> = keyed(&dir.path().join("out"))
         .into_iter()
         .map(|(k, v)| {
             let (start, product) = k.split_once('|').unwrap();
@@ -569,7 +539,7 @@ path = "dead.jsonl"
 
     // Each poisoned event is dead-lettered once, with a reason that says what happened.
     let mut seen: std::collections::BTreeMap<i64, String> = Default::default();
-    for line in std::fs::read_to_string(dir.path().join("dead.jsonl")).unwrap().lines() {
+    for line in std::fs::read_to_string(dir.path().join("out/dead.jsonl")).unwrap().lines() {
         assert!(!line.contains("do not leak"), "{line}");
         let d: serde_json::Value = serde_json::from_str(line).unwrap();
         let reason = d["reason"].as_str().unwrap().to_string();

@@ -148,6 +148,14 @@ pub fn append(dir: &Path, text: &str) {
 /// A job over the followed `dir/live.jsonl` whose plugin panics on product `panic_key`
 /// ("boom") and writes to stderr on product `probe`.
 pub fn poisoned_pipeline(dir: &Path, panic_key: &str) -> PathBuf {
+    let config = format!("panic_key = {panic_key:?}");
+    poisoned_pipeline_with(dir, &dir.join("live.jsonl"), "quarantine_after = 3", &config)
+}
+
+/// A job over `input` running the hostile plugin's `poisoned` behaviour (`probe_key =
+/// "probe"`), with `limits` in `[plugin]` and `config` in `[plugin.config]`; outputs and
+/// savepoints under `dir/out/`.
+pub fn poisoned_pipeline_with(dir: &Path, input: &Path, limits: &str, config: &str) -> PathBuf {
     let text = format!(
         r#"
 name = "poisoned"
@@ -163,11 +171,11 @@ kind = "tumbling"
 size = "5m"
 [plugin]
 path = {plugin:?}
-quarantine_after = 3
+{limits}
 [plugin.config]
 behaviour = "poisoned"
-panic_key = {panic_key:?}
 probe_key = "probe"
+{config}
 [sink]
 kind = "file"
 path = "out/out.jsonl"
@@ -178,7 +186,7 @@ path = "out/dead.jsonl"
 [savepoints]
 dir = "out/savepoints"
 "#,
-        input = dir.join("live.jsonl").display().to_string(),
+        input = input.display().to_string(),
         plugin = plugin("hostile").display().to_string(),
     );
     let path = dir.join("poisoned.toml");

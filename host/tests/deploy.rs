@@ -340,6 +340,7 @@ fn a_live_deploy_that_fails_on_every_call_is_rolled_back_by_the_job() {
     wait_for("the job rolls the deploy back", || history()[0]["status"] == "rolled_back");
     let reason = history()[0]["reason"].as_str().unwrap().to_string();
     assert!(reason.contains("rolled back by the job") && reason.contains("failed on"), "{reason}");
+    eprintln!("the deploy's history says: {reason}");
     assert_eq!(history()[0]["savepoint"], d["savepoint"]);
     wait_for_read(&url, 60_000);
     let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);

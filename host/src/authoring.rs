@@ -357,15 +357,44 @@ pub fn test(dir: &Path, runtime: &PluginRuntime) -> Result<TestReport> {
     }
     if !differences.is_empty() {
         bail!(
-            "{} of {} result lines differ from {}:\n{}",
+            "{} of {} result lines differ from {}:\n{}{}",
             differences.len(),
             expected.len().max(got.len()),
             case.join("expected.jsonl").display(),
-            differences.into_iter().take(10).collect::<Vec<_>>().join("\n")
+            differences.into_iter().take(10).collect::<Vec<_>>().join("\n"),
+            dead_letter_reasons(&pipeline.dead_letter)
         );
     }
     let c = &summary.counters;
     Ok(TestReport { results: got.len(), late: c.late, dead_lettered: c.dead_lettered })
+}
+
+/// The distinct reasons of a test run's dead letters (its file), first three, as lines to
+/// add to a failed test's message: why the plugin failed, in its own words.
+fn dead_letter_reasons(spec: &km0::pipeline::DeadLetterSpec) -> String {
+    let km0::pipeline::DeadLetterSpec::File(path) = spec else { return String::new() };
+    let Ok(text) = std::fs::read_to_string(path) else { return String::new() };
+    let mut reasons: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let reason = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v["reason"].as_str().map(str::to_string));
+        if let Some(r) = reason.filter(|r| !reasons.contains(r)) {
+            reasons.push(r);
+        }
+        if reasons.len() == 3 {
+            break;
+        }
+    }
+    let n = text.lines().count();
+    match reasons.is_empty() {
+        true => String::new(),
+        false => format!(
+            "\n{n} dead letters ({}); why:\n{}",
+            path.display(),
+            reasons.iter().map(|r| format!("  {r}")).collect::<Vec<_>>().join("\n")
+        ),
+    }
 }
 
 #[cfg(test)]

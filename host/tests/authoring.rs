@@ -77,6 +77,26 @@ fn scaffold_builds_and_passes_its_test(lang: &str) {
         let err = text(&o);
         assert!(!err.contains("is up to date") && err.contains("4 of 4 result lines differ"), "{err}");
         assert!(err.contains(r#"got      {"key":"0|b","value":{"window_start":0,"window_end":60000,"key":["b"],"count":2,"max":9}}"#), "{err}");
+
+        // A plugin that raises: the failed test says why, in the plugin's own words (what
+        // it printed, Python's traceback).
+        let raising = before.replace(
+            "    def add(self, groups, events):\n",
+            "    def add(self, groups, events):\n        print(\"adding\", len(groups.window_start), \"groups\")\n        raise ValueError(\"boom from python\")\n",
+        );
+        assert_ne!(raising, before, "the template's add changed: update this case");
+        std::fs::write(&source, raising).unwrap();
+        let o = km0(&["plugin", "test", &name], tmp.path());
+        assert!(!o.status.success());
+        let err = text(&o);
+        assert!(
+            err.contains("dead letters")
+                && err.contains("add: ")
+                && err.contains("adding 1 groups")
+                && err.contains("ValueError: boom from python")
+                && !err.contains("memory"),
+            "{err}"
+        );
     }
 }
 

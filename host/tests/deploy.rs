@@ -432,6 +432,9 @@ fn a_shadow_deploy_reports_the_windows_it_would_change_and_promotes_like_an_offl
     let s = shadow();
     assert_eq!(s["different"], want.len(), "{s}");
     assert_eq!(s["equal"], 200 - want.len(), "{s}");
+    // Written out with the status (four times a second).
+    let written = || std::fs::read_to_string(&file).unwrap_or_default().lines().count();
+    wait_for("the differences are written", || written() == want.len());
     let got: std::collections::BTreeSet<String> = std::fs::read_to_string(&file)
         .unwrap()
         .lines()

@@ -85,13 +85,16 @@ impl LoopControl {
 
     /// The watched deploy's plugin has failed too often: its record says so, and the job
     /// is to be rolled back to its savepoint (written and durable by now).
-    pub(super) fn judge_deploy(&mut self, running: &RunningJob) -> Option<Rollback> {
+    pub(super) fn judge_deploy(&mut self, running: &mut RunningJob) -> Option<Rollback> {
         let w = self.watch.as_ref()?;
         if self.holds_checkpoints() {
             return None;
         }
+        for &i in &w.ops {
+            running.judge_deploy(i);
+        }
         let failed = w.ops.iter().find_map(|&i| running.deploy_failed(i));
-        let Some((failed, given)) = failed else {
+        let Some(t) = failed else {
             if !w.ops.iter().any(|&i| running.deploy_watched(i)) {
                 // Kept.
                 self.watch = None;
@@ -99,11 +102,21 @@ impl LoopControl {
             return None;
         };
         let w = self.watch.take()?;
+        for &i in &w.ops {
+            running.unwatch_deploy(i);
+        }
+        if !w.savepoint.join("savepoint.json").is_file() {
+            tracing::error!(deploy = w.id, savepoint = %w.savepoint.display(), "the deployed plugin fails too often, but its rollback savepoint was not written: it cannot be rolled back");
+            return None;
+        }
         let reason = format!(
-            "rolled back by the job: the new plugin failed on {failed} of the first {given} events and windows it was \
-             given ({:.0}%, more than the {:.0}% of `rollback_fault_rate`); the job went back to the rollback \
-             savepoint {} with the plugin it ran before and read on from there",
-            failed as f64 * 100.0 / given as f64,
+            "rolled back by the job: the new plugin failed on {} of the first {} events and {} of the first {} \
+             windows it was given (more than the {:.0}% of `rollback_fault_rate`); the job went back to the \
+             rollback savepoint {} with the plugin it ran before and read on from there",
+            t.failed_events,
+            t.events,
+            t.failed_windows,
+            t.windows,
             w.rate * 100.0,
             w.savepoint.display()
         );
@@ -145,6 +158,7 @@ impl LoopControl {
             running.roll_back_to(r);
         }
         if self.published.elapsed() >= STATUS_EVERY || acted || !self.answers.is_empty() {
+            running.flush_shadow();
             let stopping = matches!(served, Ok(Some(_)));
             self.publish(running, stopping);
         }
@@ -347,6 +361,10 @@ impl LoopControl {
                                 record.aggregations.contains(&running.pipeline().aggregations[i].name)
                             })
                             .collect();
+                        // One deploy is watched at a time: the last.
+                        for i in 0..running.plugins().len() {
+                            running.unwatch_deploy(i);
+                        }
                         for &i in &ops {
                             running.watch_deploy(i, rate);
                         }
@@ -355,6 +373,9 @@ impl LoopControl {
                     }
                     Some(why) => {
                         record.watch = format!("not watched for an automatic rollback: {why}");
+                        for i in 0..running.plugins().len() {
+                            running.unwatch_deploy(i);
+                        }
                         self.watch = None;
                     }
                 }

@@ -470,7 +470,7 @@ impl Job {
             let verdict = self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)?;
             if let Some(shadow) = self.shadow.as_mut() {
                 let names = &self.decoder.names;
-                shadow.on_event(i, (&self.key_buf, t, wm), slots, names, &self.results[mark..])?;
+                shadow.on_event(i, (&self.key_buf, t, wm), slots, names, &self.results[mark..]);
             }
             match verdict {
                 Verdict::Accepted => {}
@@ -540,7 +540,7 @@ impl Job {
             for (i, op) in self.ops.iter_mut().enumerate() {
                 let mark = self.results.len();
                 op.advance(wm, &mut self.results)?;
-                shadow.advance(i, Some(wm), &self.results[mark..])?;
+                shadow.advance(i, Some(wm), &self.results[mark..]);
             }
             return Ok(());
         }
@@ -801,10 +801,11 @@ impl Job {
         self.watermarks =
             Watermarks::restore(pipeline.event_time.watermark_delay_ms, idleness(pipeline), &meta.watermark);
         let wm = self.watermarks.current();
-        for ((op, snap), saved) in self.ops.iter_mut().zip(&snapshots).zip(&meta.operators) {
+        for (op, snap) in self.ops.iter_mut().zip(&snapshots) {
             op.restore(snap, wm, meta.rows_cover_slots)?;
             // Faults are of the plugin that had them: a deploy starts afresh.
-            if saved.plugin.sha256 == op.identity().sha256 {
+            let saved = meta.operators.iter().find(|o| o.id == op.name());
+            if let Some(saved) = saved.filter(|o| o.plugin.sha256 == op.identity().sha256) {
                 op.restore_faults(&saved.faults);
             }
         }

@@ -241,9 +241,23 @@ impl<'p> RunningJob<'p> {
         self.job.ops.get(i).is_some_and(|op| op.deploy_watched())
     }
 
-    /// Aggregation `i`'s new plugin failed its probation: (failed, given).
-    pub(super) fn deploy_failed(&self, i: usize) -> Option<(u64, u64)> {
+    /// Aggregation `i`'s new plugin failed its probation: what it failed on and was given.
+    pub(super) fn deploy_failed(&self, i: usize) -> Option<crate::window::operator::Tally> {
         self.job.ops.get(i).and_then(|op| op.deploy_failed())
+    }
+
+    /// Judge aggregation `i`'s new plugin on what it has done since its deploy.
+    pub(super) fn judge_deploy(&mut self, i: usize) {
+        if let Some(op) = self.job.ops.get_mut(i) {
+            op.judge_deploy();
+        }
+    }
+
+    /// Stop watching aggregation `i`'s plugin.
+    pub(super) fn unwatch_deploy(&mut self, i: usize) {
+        if let Some(op) = self.job.ops.get_mut(i) {
+            op.unwatch_deploy();
+        }
     }
 
     /// The fault rate that rolls back a deploy into `aggregations` (the lowest of theirs).
@@ -486,7 +500,7 @@ impl<'p> RunningJob<'p> {
         if let Some(why) = self.why_not_watched().filter(|_| self.pipeline.task.is_some()) {
             return Err(Refused::Closed(format!("no shadow deploys here: {why}")));
         }
-        let file = self.pipeline.savepoints.join(format!("shadow-{id}-differences.jsonl"));
+        let file = self.pipeline.savepoints.join(format!("shadow-{}-differences.jsonl", metrics::now_ms()));
         let at = self.records();
         self.job.start_shadow(self.pipeline, d, id, at, Some(file))
     }
@@ -494,6 +508,13 @@ impl<'p> RunningJob<'p> {
     /// Drop the shadow.
     pub(super) fn abandon_shadow(&mut self) -> std::result::Result<super::shadow::ShadowStatus, Refused> {
         self.job.abandon_shadow(self.pipeline)
+    }
+
+    /// Write out the differences a shadow has found (with each status).
+    pub(super) fn flush_shadow(&mut self) {
+        if let Some(s) = self.job.shadow.as_mut() {
+            s.flush();
+        }
     }
 
     /// The shadow's status, if one runs.
@@ -635,7 +656,7 @@ impl<'p> RunningJob<'p> {
             let mark = job.results.len();
             op.drain(&mut job.results)?;
             if let Some(shadow) = job.shadow.as_mut() {
-                shadow.advance(i, None, &job.results[mark..])?;
+                shadow.advance(i, None, &job.results[mark..]);
             }
         }
         if let Some(shadow) = job.shadow.as_mut() {

@@ -53,6 +53,8 @@ pub struct ShadowStatus {
     pub differences_file: Option<PathBuf>,
     /// The latest differences.
     pub recent_differences: Vec<ShadowDifference>,
+    /// Why the shadow stopped comparing (it cannot be promoted then).
+    pub failed: Option<String>,
 }
 
 /// One window whose results differ.
@@ -79,7 +81,12 @@ pub(super) struct Shadow {
     file: Option<std::io::BufWriter<std::fs::File>>,
     /// The shadow's results of the call being compared.
     out: Vec<Emitted>,
+    /// When the differences file was last flushed.
+    flushed: std::time::Instant,
 }
+
+/// How often the differences file is flushed while differences come.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 impl Shadow {
     pub(super) fn status(&self) -> ShadowStatus {
@@ -91,6 +98,31 @@ impl Shadow {
     /// what the current operator wrote meanwhile (re-emitted windows).
     #[inline]
     pub(super) fn on_event(
+        &mut self,
+        i: usize,
+        event: (&[u8], i64, i64),
+        slots: &[Option<crate::source::json::Scalar>],
+        names: &[String],
+        current: &[Emitted],
+    ) {
+        if self.status.failed.is_none() {
+            let done = self.try_on_event(i, event, slots, names, current);
+            self.failed(done);
+        }
+    }
+
+    /// The shadow could not go on (`done` is an error): it stops comparing, and says why;
+    /// the job is not affected.
+    fn failed(&mut self, done: Result<()>) {
+        if let Err(e) = done {
+            tracing::warn!(deploy = self.status.id, error = %e, "the shadow stopped");
+            self.status.failed = Some(e.to_string());
+            self.ops.clear();
+            self.out.clear();
+        }
+    }
+
+    fn try_on_event(
         &mut self,
         i: usize,
         (key, t, wm): (&[u8], i64, i64),
@@ -109,7 +141,14 @@ impl Shadow {
 
     /// The shadow of aggregation `i` fires what is due at `wm`, or (`wm` none) every
     /// window (the end of the input).
-    pub(super) fn advance(&mut self, i: usize, wm: Option<i64>, current: &[Emitted]) -> Result<()> {
+    pub(super) fn advance(&mut self, i: usize, wm: Option<i64>, current: &[Emitted]) {
+        if self.status.failed.is_none() {
+            let done = self.try_advance(i, wm, current);
+            self.failed(done);
+        }
+    }
+
+    fn try_advance(&mut self, i: usize, wm: Option<i64>, current: &[Emitted]) -> Result<()> {
         let Some(k) = self.ops.iter().position(|(j, _)| *j == i) else { return Ok(()) };
         let op = &mut self.ops[k].1;
         let fired = op.counters().windows_fired;
@@ -130,11 +169,13 @@ impl Shadow {
             return Ok(());
         }
         let aggregation = op.name().to_string();
-        let mut faulted = 0u64;
-        for r in &rejected {
-            // Windows whose result (or whose events) the new plugin failed on.
-            faulted += r.event_times.is_empty() as u64;
-        }
+        // Windows whose result the new plugin failed on, by their result key's end
+        // (`start|key`): faulted, not different.
+        let faulted: Vec<String> = rejected
+            .iter()
+            .filter(|r| r.event_times.is_empty())
+            .map(|r| format!("{}|{}", r.window.start, r.key))
+            .collect();
         let theirs: BTreeMap<&str, Option<&str>> =
             self.out.iter().map(|e| (e.key.as_str(), e.value.as_deref())).collect();
         let ours: BTreeMap<&str, Option<&str>> =
@@ -142,6 +183,9 @@ impl Shadow {
         let mut differences = Vec::new();
         for key in ours.keys().chain(theirs.keys().filter(|k| !ours.contains_key(*k))) {
             let (a, b) = (ours.get(key).copied().flatten(), theirs.get(key).copied().flatten());
+            if b.is_none() && faulted.iter().any(|f| key.ends_with(f.as_str())) {
+                continue;
+            }
             if let Some(fields) = differ(a, b) {
                 differences.push(ShadowDifference {
                     deploy: self.status.id,
@@ -157,7 +201,7 @@ impl Shadow {
         let different_before = self.status.different;
         let s = &mut self.status;
         s.windows += windows;
-        s.faulted += faulted;
+        s.faulted += faulted.len() as u64;
         s.different += differences.len() as u64;
         s.equal = s.windows.saturating_sub(s.different + s.faulted);
         for d in differences {
@@ -172,7 +216,7 @@ impl Shadow {
             }
             self.recent.push_back(d);
         }
-        if self.status.different > different_before {
+        if self.status.different > different_before && self.flushed.elapsed() >= FLUSH_EVERY {
             self.flush();
         }
         Ok(())
@@ -180,6 +224,7 @@ impl Shadow {
 
     /// Write the differences out (at checkpoints and status).
     pub(super) fn flush(&mut self) {
+        self.flushed = std::time::Instant::now();
         if let Some(f) = self.file.as_mut() {
             if let Err(e) = f.flush() {
                 tracing::warn!(error = %e, "the shadow's differences file");
@@ -254,6 +299,8 @@ impl Job {
                 counters: captured.counters,
             };
             let mut op = operator(pipeline, i, plugin, cols);
+            // A fault of the new plugin never stops the job (whatever `on_error` says).
+            op.set_on_error(crate::plugin::OnError::DeadLetter);
             if old.state_schema != new.state_schema {
                 op.migrate(old.state_schema, &mut snap)
                     .map_err(|e| Refused::from(upgrade::migration_failed(&old, &new, e)))?;
@@ -310,6 +357,7 @@ impl Job {
             recent: VecDeque::new(),
             file,
             out: Vec::new(),
+            flushed: std::time::Instant::now(),
         }));
         Ok(status)
     }
@@ -331,12 +379,27 @@ impl Job {
         &mut self,
         pipeline: &Pipeline,
     ) -> std::result::Result<ShadowStatus, Refused> {
+        if let Some(why) = self.shadow.as_ref().and_then(|s| s.status.failed.clone()) {
+            return Err(Refused::Closed(format!("the shadow stopped ({why}): abandon it")));
+        }
+        // The decoder of the plugins after the swap first: a refusal changes nothing.
+        let plugins: Vec<&dyn Aggregator> = (0..self.ops.len())
+            .map(|i| match self.shadow.as_ref().and_then(|s| s.ops.iter().find(|(j, _)| *j == i)) {
+                Some((_, op)) => op.plugin(),
+                None => self.ops[i].plugin(),
+            })
+            .collect();
+        let (decoder, columns) =
+            Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| Refused::Failed(e.to_string()))?;
         let mut shadow = self.take_shadow()?;
         for (i, op) in std::mem::take(&mut shadow.ops) {
             self.ops[i] = op;
             self.components[i] = Some(shadow.component.clone());
         }
-        self.rebuild_decoder(pipeline)?;
+        for (op, cols) in self.ops.iter_mut().zip(columns) {
+            op.set_columns(cols);
+        }
+        self.decoder = decoder;
         let plugins: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
         self.fingerprint = super::route::results_fingerprint(pipeline, &plugins);
         tracing::info!(deploy = shadow.status.id, "shadow promoted");

@@ -330,7 +330,6 @@ impl PluginRuntime {
             output,
             printed: std::collections::VecDeque::new(),
             logged: None,
-            halted: None,
         })
     }
 }
@@ -373,8 +372,6 @@ pub struct Plugin {
     printed: std::collections::VecDeque<Printed>,
     /// When its output last went to km0's log, and how many calls' output did not since.
     logged: Option<(std::time::Instant, u64)>,
-    /// Why it is not called any more ([`Plugin::halt`]).
-    halted: Option<String>,
 }
 
 /// What a guest wrote to stdout or stderr during one call (its last lines).
@@ -449,17 +446,9 @@ impl Plugin {
             .map_err(|reason| format!("refused its configuration: {reason}"))
     }
 
-    /// Fail every call from now on with `why`, without entering the guest.
-    pub fn halt(&mut self, why: String) {
-        self.halted = Some(why);
-    }
-
     /// Replace the instance with a fresh, configured one (after a trap an instance cannot
     /// be entered again). State lives in the host, so nothing is lost.
     pub fn reset(&mut self) -> Result<()> {
-        if self.halted.is_some() {
-            return Ok(());
-        }
         let engine = self.store.engine().clone();
         let mut store = Store::new(&engine, guest_state(self.limits.memory_bytes, &self.output));
         store.limiter(|s| &mut s.limiter);
@@ -487,9 +476,6 @@ impl Plugin {
         call: &'static str,
         f: impl FnOnce(&Instance, &mut Store<GuestState>) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T> {
-        if let Some(why) = &self.halted {
-            return Err(self.call_error(call, why.clone()));
-        }
         self.store.set_epoch_deadline(self.deadline);
         let running = self.ticker.running();
         let t = std::time::Instant::now();
@@ -689,6 +675,10 @@ fn fault_reason(
     if !rest.is_empty() {
         reason.push_str("; it wrote: ");
         reason.push_str(&last_lines(&rest, REASON_LINES));
+    }
+    // The guest's words go to logs, terminals and pages: no control characters.
+    if reason.chars().any(char::is_control) {
+        reason = reason.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect();
     }
     reason
 }

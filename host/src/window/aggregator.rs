@@ -64,9 +64,6 @@ pub trait Aggregator: Send {
     fn printed(&self) -> Vec<Printed> {
         Vec::new()
     }
-    /// Fail every call from now on, with `why`, without running the logic (a deploy that
-    /// is rolled back).
-    fn halt(&mut self, _why: String) {}
 }
 
 impl Aggregator for Plugin {
@@ -124,10 +121,6 @@ impl Aggregator for Plugin {
 
     fn printed(&self) -> Vec<Printed> {
         Plugin::printed(self)
-    }
-
-    fn halt(&mut self, why: String) {
-        Plugin::halt(self, why)
     }
 }
 

@@ -137,7 +137,6 @@ impl WindowOperator {
         for i in held {
             let (g, ev) = self.batch.subset(&[i]);
             let reason = self.quarantine.reason(groups[i].0);
-            self.counters.quarantined += ev.event_time.len() as u64;
             self.reject_group(groups[i], &g, ev.event_time, Err(reason));
         }
         self.add_one_by_one(groups, &suspects)
@@ -205,6 +204,9 @@ impl WindowOperator {
             match self.plugin.add(&g, &ev) {
                 Ok(acc) => {
                     self.handed += ev.event_time.len() as u64;
+                    if self.quarantine.any() {
+                        self.quarantine.passed(key);
+                    }
                     self.hold(i, key, id);
                     self.state.set_acc(key, id, packed_item(&acc, 0));
                 }
@@ -247,6 +249,7 @@ impl WindowOperator {
         match reason {
             Ok(fault) => self.reject(key, window, times, fault),
             Err(quarantined) => {
+                self.counters.quarantined += times.len() as u64;
                 let key = self.key_text(key);
                 self.rejected.push(Rejected { key, window, event_times: times, reason: quarantined });
             }

@@ -22,7 +22,7 @@ mod session;
 mod snapshot;
 
 use calls::new_batch;
-pub use deploy_watch::{JUDGED_AFTER, WATCHED_FOR};
+pub use deploy_watch::{Tally, JUDGED_AFTER, WATCHED_FOR, WINDOWS_JUDGED_AFTER};
 use quarantine::Quarantine;
 pub use quarantine::{KeyFaults, DEFAULT_QUARANTINE_AFTER, QUARANTINE_LISTED};
 pub use results::push_key_part;
@@ -291,16 +291,6 @@ impl WindowOperator {
 
     pub fn counters(&self) -> &OperatorCounters {
         &self.counters
-    }
-
-    /// Events and windows its plugin failed on (faults, and events of quarantined keys),
-    /// and those it took (events in calls that succeeded, windows fired that did not
-    /// fail), since the operator was opened: the difference between two readings is what
-    /// a plugin did in between.
-    pub fn plugin_tally(&self) -> (u64, u64) {
-        let c = &self.counters;
-        let windows = c.windows_fired.saturating_sub(self.faulted_windows);
-        (self.faulted_units + c.quarantined, self.handed + windows)
     }
 
     /// The job sent one of this aggregation's events to the late side output.

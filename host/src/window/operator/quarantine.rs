@@ -1,5 +1,6 @@
 //! Poison keys: the plugin's faults counted by key. A key whose events or windows the
-//! plugin failed on `after` times is quarantined: its later events go straight to the
+//! plugin failed on `after` times in a row (a call of its own that succeeds forgets its
+//! faults) is quarantined: its later events go straight to the
 //! dead letters, without a call, until a deploy or an operator releases it. Until then a
 //! key that faulted (a suspect) is called apart from the rest of its batch, so that it
 //! does not make the batch fail (and pay the fault twice) again.
@@ -120,6 +121,14 @@ impl Quarantine {
         std::mem::take(&mut self.held)
     }
 
+    /// A call of key `k`'s alone succeeded: a suspect's faults are forgotten (faults count
+    /// in a row).
+    pub(super) fn passed(&mut self, k: u32) {
+        if self.keys.get(&k).is_some_and(|f| !f.quarantined) {
+            self.keys.remove(&k);
+        }
+    }
+
     /// Forget key `k`'s faults; whether it was quarantined.
     pub(super) fn release(&mut self, k: u32) -> bool {
         match self.keys.remove(&k) {
@@ -150,6 +159,9 @@ impl Quarantine {
 
     /// Up to `n` quarantined keys, the latest first (the status).
     pub(super) fn listed(&self, keys: &KeyTable, n: usize) -> Vec<KeyFaults> {
+        if self.held == 0 || n == 0 {
+            return Vec::new();
+        }
         let mut out: Vec<KeyFaults> =
             self.keys.iter().filter(|(_, f)| f.quarantined).map(|(&k, f)| self.entry(keys, k, f)).collect();
         out.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then_with(|| a.key.cmp(&b.key)));
@@ -194,7 +206,7 @@ impl WindowOperator {
                     tracing::warn!(
                         aggregation = %self.name,
                         key = %key.escape_debug(),
-                        %reason,
+                        reason = %reason.escape_debug(),
                         quarantined = self.quarantine.held,
                         not_logged,
                         "key quarantined"
@@ -279,6 +291,13 @@ mod tests {
         assert!(q.reason(7).contains("4 times (last: d)"), "{}", q.reason(7));
         assert!(q.release(7));
         assert!(!q.holds(7) && !q.any() && q.quarantined() == 0);
+        // Faults count in a row: a call of its own that succeeds forgets them.
+        assert!(!q.fault(8, "a") && !q.fault(8, "b"));
+        q.passed(8);
+        assert!(!q.faulted(8));
+        assert!(!q.fault(8, "c") && !q.fault(8, "d") && q.fault(8, "e"));
+        q.passed(8);
+        assert!(q.holds(8), "a quarantined key stays quarantined");
         let mut never = Quarantine::new(0);
         for _ in 0..10 {
             assert!(!never.fault(1, "x"));

@@ -535,13 +535,15 @@ fn checkpoints_in_an_s3_store_recover_every_task_on_another_machine_after_sigkil
     let want = task_outputs(&whole);
     assert!(want[0].lines().count() > 50, "alerts of task 0: {}", want[0].lines().count());
     assert_same(&task_outputs(&dir.path().join("killed")), &want, "after 8 SIGKILLs, recovered from S3");
+    // Every task wrote checkpoints to the store. (Whether each completed one depends on
+    // where the kills fell: a task killed each time between its upload and its marker has
+    // none, and recovers from its start, as the output above shows.)
     let keys = s3.keys("jobs/stock/");
     for t in 0..PARTITIONS {
-        let complete = keys
-            .iter()
-            .filter(|k| k.starts_with(&format!("jobs/stock/task-{t}/chk-")) && k.ends_with("/_COMPLETE"));
-        assert!(complete.count() >= 1, "task {t} has complete checkpoints in the store: {keys:?}");
+        let uploaded = keys.iter().filter(|k| k.starts_with(&format!("jobs/stock/task-{t}/chk-")));
+        assert!(uploaded.count() >= 1, "task {t} has checkpoints in the store: {keys:?}");
     }
+    assert!(keys.iter().any(|k| k.ends_with("/_COMPLETE")), "complete checkpoints in the store: {keys:?}");
 }
 
 #[test]

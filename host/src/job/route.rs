@@ -466,12 +466,16 @@ impl Job {
             if !refused.is_empty() && refused.iter().any(|(j, _)| *j == i) {
                 continue;
             }
-            let mark = self.results.len();
-            let verdict = self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)?;
-            if let Some(shadow) = self.shadow.as_mut() {
-                let names = &self.decoder.names;
-                shadow.on_event(i, (&self.key_buf, t, wm), slots, names, &self.results[mark..]);
-            }
+            let verdict = match self.shadow.as_mut() {
+                None => self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)?,
+                Some(shadow) => {
+                    let mark = self.results.len();
+                    let verdict = self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)?;
+                    let names = &self.decoder.names;
+                    shadow.on_event(i, (&self.key_buf, t, wm), slots, names, &self.results[mark..]);
+                    verdict
+                }
+            };
             match verdict {
                 Verdict::Accepted => {}
                 Verdict::Late { window } => self.late_event(i, t, wm, window, record, pos)?,

@@ -260,6 +260,11 @@ impl LoopControl {
         reply: DeployReply,
     ) -> Result<()> {
         let t = Instant::now();
+        if let Some(shadow) = running.shadow() {
+            let why = format!("deploy {} runs as a shadow: promote or abandon it first", shadow.id);
+            self.answer(reply, Err(Refused::Closed(why)));
+            return Ok(());
+        }
         // (The API sends one deploy at a time: none is pending.) A sink that commits when a
         // snapshot is durable sees them in order; an incremental rollback savepoint waits
         // for the checkpoint being written by itself.
@@ -272,11 +277,6 @@ impl LoopControl {
             self.answer(reply, Err(Refused::Upgrade(Refusal::ReplacesNothing { held, offered })));
             return Ok(());
         };
-        if let Some(shadow) = running.shadow() {
-            let why = format!("deploy {} runs as a shadow: promote or abandon it first", shadow.id);
-            self.answer(reply, Err(Refused::Closed(why)));
-            return Ok(());
-        }
         let swapped = running.swap(deployment);
         self.settle(running, record, swapped, reply, t)
     }

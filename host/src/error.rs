@@ -52,6 +52,11 @@ pub enum Error {
     #[error("checkpoint store {store}: {message}")]
     Fenced { store: String, message: String },
 
+    /// The job stopped itself (a live deploy's circuit breaker tripped, and the pipeline
+    /// says to stop): with the savepoint it wrote, from which it can be deployed again.
+    #[error("{reason} (savepoint: {})", savepoint.as_deref().map_or_else(|| "none".to_string(), |p| p.display().to_string()))]
+    Halted { reason: String, savepoint: Option<PathBuf> },
+
     /// A Kafka client could not do its part (connect, read, write, commit).
     #[error("kafka ({brokers}): {message}")]
     Kafka { brokers: String, message: String },

@@ -83,9 +83,25 @@ pub fn folder_name(name: &str) -> String {
 /// `[state]`: the state backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateSpec {
+    /// The backend the file names, else the default of its source (see [`Self::backend_for`]).
     pub backend: Backend,
+    /// Whether the file names the backend.
+    pub named: bool,
     /// The backend's working folder (RocksDB).
     pub dir: PathBuf,
+}
+
+impl StateSpec {
+    /// The backend of a run that reads its source unbounded (`follows`, whatever the file
+    /// says, e.g. `km0 run --follow`) or not: the one the file names, else RocksDB for an
+    /// unbounded source and memory for a bounded one.
+    pub fn backend_for(&self, follows: bool) -> Backend {
+        match (self.named, follows) {
+            (true, _) => self.backend,
+            (false, true) => Backend::Rocksdb,
+            (false, false) => Backend::Memory,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -292,6 +308,30 @@ pub struct PluginSpec {
     /// A live deploy whose plugin fails on more than this share of the events and windows
     /// it is given first is rolled back by the job itself (1: never).
     pub rollback_fault_rate: f64,
+    /// After its probation, a live-deployed plugin's circuit breaker.
+    pub breaker: BreakerSpec,
+}
+
+/// A live-deployed plugin's circuit breaker, after its probation: when it fails on more
+/// than `fault_rate` of its last `events` events (or of the windows they fired), the job
+/// rolls the deploy back or stops, as `action` says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerSpec {
+    /// The events the fault rate is taken over (0: no breaker).
+    pub events: u64,
+    pub fault_rate: f64,
+    pub action: BreakerAction,
+}
+
+/// What a tripped circuit breaker does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BreakerAction {
+    /// Roll the deploy back, as a failed probation does.
+    #[default]
+    Rollback,
+    /// Stop the job with a savepoint (and an error that says why).
+    Stop,
 }
 
 #[derive(Debug, Clone)]
@@ -491,6 +531,12 @@ struct RawPlugin {
     quarantine_after: Option<u32>,
     #[serde(default)]
     rollback_fault_rate: Option<f64>,
+    #[serde(default)]
+    breaker_events: Option<u64>,
+    #[serde(default)]
+    breaker_fault_rate: Option<f64>,
+    #[serde(default)]
+    on_breaker: BreakerAction,
 }
 
 #[derive(Deserialize)]
@@ -651,8 +697,18 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
     if !(rollback_fault_rate > 0.0 && rollback_fault_rate <= 1.0) {
         return Err(format!("`{at}.rollback_fault_rate` must be above 0 and at most 1 (1: never roll back)"));
     }
+    let breaker_fault_rate = p.breaker_fault_rate.unwrap_or(rollback_fault_rate);
+    if !(breaker_fault_rate > 0.0 && breaker_fault_rate <= 1.0) {
+        return Err(format!("`{at}.breaker_fault_rate` must be above 0 and at most 1 (1: never trips)"));
+    }
+    let breaker = BreakerSpec {
+        events: p.breaker_events.unwrap_or(DEFAULT_BREAKER_EVENTS),
+        fault_rate: breaker_fault_rate,
+        action: p.on_breaker,
+    };
     Ok(PluginSpec {
         rollback_fault_rate,
+        breaker,
         path: resolve(&p.path),
         config,
         batch_size,
@@ -867,6 +923,7 @@ impl Pipeline {
         let state = StateSpec {
             // RocksDB by default for unbounded sources, as the issue of large state is theirs.
             backend: raw_state.backend.unwrap_or(if follows { Backend::Rocksdb } else { Backend::Memory }),
+            named: raw_state.backend.is_some(),
             // The working copy is rebuilt from the checkpoints at every start: one folder
             // per job name (two names never share one), so jobs in one folder never clear
             // each other's.
@@ -1041,6 +1098,10 @@ pub const DEFAULT_QUARANTINE_AFTER: u32 = 3;
 /// The share of the events and windows a live-deployed plugin may fail on, over the first
 /// ones it is given, before the job rolls the deploy back by itself.
 pub const DEFAULT_ROLLBACK_FAULT_RATE: f64 = 0.5;
+
+/// The events a live-deployed plugin's circuit breaker takes its fault rate over, after
+/// its probation.
+pub const DEFAULT_BREAKER_EVENTS: u64 = 10_000;
 
 /// What one plugin instance may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -68,6 +68,10 @@ pub struct OperatorMeta {
     /// Keys the plugin failed on, quarantined or not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<crate::window::operator::KeyFaults>,
+    /// A plugin deployed live and still on probation: what it failed on and was given
+    /// since its deploy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probation: Option<crate::window::operator::Tally>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +107,10 @@ pub struct SavepointMeta {
     /// false in savepoints of km0 before that, whose sessions ended at `last + gap`.
     #[serde(default)]
     pub session_ends_closed: bool,
+    /// What the job's control port keeps across a restart (the deploy history, the deploy
+    /// on probation), in the control port's own form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<serde_json::Value>,
 }
 
 /// A savepoint read from disk and verified.

@@ -2,7 +2,7 @@
 //! takes between two records, and the status it publishes a few times a second.
 
 use super::Counters;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -96,7 +96,7 @@ impl std::fmt::Display for JobState {
 }
 
 /// What became of a live deploy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeployStatus {
     Swapped,
@@ -119,7 +119,7 @@ pub enum CheckpointStatus {
 }
 
 /// One entry of a job's deploy history.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Deployed {
     /// 1, 2, ... in this run.
     pub id: u64,

@@ -19,6 +19,7 @@
 
 mod checkpoints;
 pub mod commands;
+mod ledger;
 mod membership;
 mod port;
 mod route;
@@ -146,7 +147,12 @@ pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> R
         return tasks::run(pipeline, opts, &|p, o| open(p, o, runtime));
     }
     tasks::check_one_task(pipeline, opts)?;
-    run_rolling_back(open(pipeline, opts, runtime)?, pipeline, opts, runtime)
+    // A rollback the last run left under way is carried out before anything else.
+    let job = match ledger::Rollback::marked(pipeline, opts.from_savepoint.is_some(), opts.no_recover)? {
+        Some(r) => roll_back(pipeline, opts, runtime, &r)?,
+        None => open(pipeline, opts, runtime)?,
+    };
+    run_rolling_back(job, pipeline, opts, runtime)
 }
 
 /// Run a job to its end; a live deploy it rolls back makes it go on from the deploy's
@@ -161,14 +167,31 @@ fn run_rolling_back<'p>(
     loop {
         match job.run()? {
             running::Ran::Finished(summary) => return Ok(*summary),
-            running::Ran::RolledBack(r) => {
-                let opts = RunOptions { from_savepoint: Some(r.savepoint.clone()), ..opts.clone() };
-                job = open(pipeline, &opts, runtime)?;
-                job.rolled_back(&r)?;
-                tracing::info!(savepoint = %r.savepoint.display(), "rolled back: the job goes on from the rollback savepoint");
-            }
+            running::Ran::RolledBack(r) => job = roll_back(pipeline, opts, runtime, &r)?,
         }
     }
+}
+
+/// Roll a live deploy back: marked as under way first (a crash from here carries it out
+/// again), the result sink taken back to the rollback savepoint, then the job opened from
+/// that savepoint with the plugin it ran before, and checkpointed at once (a crash from
+/// then on recovers into that plugin); then the mark is removed.
+fn roll_back<'p>(
+    pipeline: &'p Pipeline,
+    opts: &RunOptions,
+    runtime: &PluginRuntime,
+    r: &ledger::Rollback,
+) -> Result<RunningJob<'p>> {
+    r.mark(pipeline)?;
+    if opts.output.is_none() {
+        crate::sink::rewind(&pipeline.sink, &pipeline.instance_name(), &r.rewind)?;
+    }
+    let opts = RunOptions { from_savepoint: Some(r.savepoint.clone()), ..opts.clone() };
+    let mut job = open(pipeline, &opts, runtime)?;
+    job.rolled_back(r)?;
+    ledger::Rollback::unmark(pipeline);
+    tracing::info!(savepoint = %r.savepoint.display(), "rolled back: the job goes on from the rollback savepoint");
+    Ok(job)
 }
 
 /// Open a job (or one task of it): from the savepoint given, else from its newest

@@ -5,6 +5,7 @@ use super::commands::{
     CheckpointStatus, Command, ControlHandle, DeployStatus, Deployed, JobState, JobStatus, Refused, StopMode,
     STATUS_EVERY,
 };
+use super::ledger::{Ledger, Rollback, Watch};
 use super::running::{join_writer, RunningJob, SavepointFailed, SavepointWriter};
 use super::swap::NotSwapped;
 use super::upgrade::Refusal;
@@ -18,9 +19,9 @@ pub(super) struct LoopControl {
     handle: ControlHandle,
     t0: Instant,
     published: Instant,
-    /// The savepoints this run has written (on demand, rollback points), oldest first.
-    savepoints: Vec<PathBuf>,
-    deployments: Vec<Deployed>,
+    /// Savepoints written, the deploy history and the deploy on probation (kept in the
+    /// job's snapshots).
+    ledger: Ledger,
     /// Records read, sampled about every second (the throughput history).
     samples: std::collections::VecDeque<(i64, u64)>,
     /// A swap whose rollback savepoint or checkpoint is being written: answered once
@@ -29,28 +30,6 @@ pub(super) struct LoopControl {
     /// Replies to commands, sent once the status that shows their effect is published
     /// (a client that reads the status after its reply finds its command there).
     answers: Vec<Box<dyn FnOnce() + Send>>,
-    /// The last live deploy, while its first events and windows are watched.
-    watch: Option<Watch>,
-}
-
-/// A live deploy being watched: its aggregations judge their new plugin
-/// ([`crate::window::operator::WindowOperator::watch_deploy`]); one that fails it makes
-/// the job roll back to `savepoint`.
-struct Watch {
-    /// Its deploy record.
-    id: u64,
-    /// The aggregations it replaced.
-    ops: Vec<usize>,
-    savepoint: PathBuf,
-    rate: f64,
-}
-
-/// What a rolled-back run hands to the run that replaces it: the savepoint to restore,
-/// and the control port's history.
-pub(super) struct Rollback {
-    pub(super) savepoint: PathBuf,
-    pub(super) savepoints: Vec<PathBuf>,
-    pub(super) deployments: Vec<Deployed>,
 }
 
 struct PendingDeploy {
@@ -68,71 +47,135 @@ impl LoopControl {
             handle,
             t0,
             published: Instant::now() - STATUS_EVERY,
-            savepoints: Vec::new(),
-            deployments: Vec::new(),
+            ledger: Ledger::default(),
             samples: Default::default(),
             pending: None,
             answers: Vec::new(),
-            watch: None,
         }
     }
 
     /// The history of the run this one replaces (a rollback).
-    pub(super) fn carry(&mut self, r: &Rollback) {
-        self.savepoints = r.savepoints.clone();
-        self.deployments = r.deployments.clone();
+    pub(super) fn carry(&mut self, running: &mut RunningJob, r: &Rollback) {
+        self.ledger = Ledger { watch: None, ..r.ledger.clone() };
+        // The plugin rolled back to is not judged again (the savepoint may have held a
+        // deploy of it still on probation).
+        for i in 0..running.plugins().len() {
+            running.unwatch_deploy(i);
+        }
+        self.keep(running);
     }
 
-    /// The watched deploy's plugin has failed too often: its record says so, and the job
-    /// is to be rolled back to its savepoint (written and durable by now).
+    /// The memory of the run whose snapshot this one restored: its history, and the
+    /// deploy on probation, whose aggregations go on judging it from where they were.
+    pub(super) fn resume(&mut self, running: &mut RunningJob, ledger: Ledger) {
+        self.ledger = ledger;
+        let watched = self.ledger.watch.as_ref().map(|w| (self.watched_ops(running, w), w.rate, w.kept));
+        for i in 0..running.plugins().len() {
+            match &watched {
+                Some((ops, rate, kept)) if ops.contains(&i) => running.resume_watch(i, *rate, *kept),
+                _ => running.unwatch_deploy(i),
+            }
+        }
+        if let Some(w) = &self.ledger.watch {
+            tracing::info!(deploy = w.id, "the live deploy on probation is watched again");
+        }
+        self.keep(running);
+    }
+
+    /// The ledger, as the job's next snapshot is to hold it.
+    fn keep(&self, running: &mut RunningJob) {
+        running.keep_ledger(self.ledger.to_value());
+    }
+
+    /// The aggregations (by index) a watched deploy replaced.
+    fn watched_ops(&self, running: &RunningJob, w: &Watch) -> Vec<usize> {
+        let aggregations = &running.pipeline().aggregations;
+        (0..aggregations.len()).filter(|&i| w.aggregations.contains(&aggregations[i].name)).collect()
+    }
+
+    /// The watched deploy's plugin has failed too often (on probation, or tripping its
+    /// breaker after): its record says so, and the job is to be rolled back to its
+    /// savepoint (written and durable by now), or, when a tripped breaker says so,
+    /// stopped.
     pub(super) fn judge_deploy(&mut self, running: &mut RunningJob) -> Option<Rollback> {
-        let w = self.watch.as_ref()?;
+        let w = self.ledger.watch.as_ref()?;
         if self.holds_checkpoints() {
             return None;
         }
-        for &i in &w.ops {
+        let ops = self.watched_ops(running, w);
+        for &i in &ops {
             running.judge_deploy(i);
         }
-        let failed = w.ops.iter().find_map(|&i| running.deploy_failed(i));
-        let Some(t) = failed else {
-            if !w.ops.iter().any(|&i| running.deploy_watched(i)) {
-                // Kept.
-                self.watch = None;
+        let failed = ops.iter().find_map(|&i| running.deploy_failed(i));
+        let Some((t, tripped)) = failed else {
+            if !ops.iter().any(|&i| running.deploy_watched(i)) {
+                // Kept: watched by its breaker from now on, or no more.
+                let on_breaker = ops.iter().any(|&i| running.deploy_on_breaker(i));
+                match self.ledger.watch.as_mut() {
+                    Some(w) if on_breaker && !w.kept => w.kept = true,
+                    Some(_) if on_breaker => return None,
+                    _ => self.ledger.watch = None,
+                }
+                self.keep(running);
             }
             return None;
         };
-        let w = self.watch.take()?;
-        for &i in &w.ops {
+        let w = self.ledger.watch.take()?;
+        for &i in &ops {
             running.unwatch_deploy(i);
+        }
+        let what = if tripped {
+            format!(
+                "the new plugin tripped its circuit breaker after its probation: it failed on {} of its last {} \
+                 events and {} of the {} windows they fired (more than the `breaker_fault_rate`)",
+                t.failed_events, t.events, t.failed_windows, t.windows
+            )
+        } else {
+            format!(
+                "the new plugin failed on {} of the first {} events and {} of the first {} windows it was given \
+                 (more than the {:.0}% of `rollback_fault_rate`)",
+                t.failed_events,
+                t.events,
+                t.failed_windows,
+                t.windows,
+                w.rate * 100.0
+            )
+        };
+        if tripped && running.breaker_stops(&w.aggregations) {
+            let reason = format!("stopped by the job: {what}; `on_breaker = \"stop\"`");
+            tracing::error!(deploy = w.id, %reason, "the job stops");
+            if let Some(d) = self.ledger.deployments.iter_mut().find(|d| d.id == w.id) {
+                d.reason = Some(reason.clone());
+            }
+            self.keep(running);
+            running.halt(reason);
+            return None;
         }
         if !w.savepoint.join("savepoint.json").is_file() {
             tracing::error!(deploy = w.id, savepoint = %w.savepoint.display(), "the deployed plugin fails too often, but its rollback savepoint was not written: it cannot be rolled back");
             return None;
         }
-        let reason = format!(
-            "rolled back by the job: the new plugin failed on {} of the first {} events and {} of the first {} \
-             windows it was given (more than the {:.0}% of `rollback_fault_rate`); the job went back to the \
-             rollback savepoint {} with the plugin it ran before and read on from there",
-            t.failed_events,
-            t.events,
-            t.failed_windows,
-            t.windows,
-            w.rate * 100.0,
+        let mut reason = format!(
+            "rolled back by the job: {what}; the job went back to the rollback savepoint {} with the plugin it \
+             ran before and read on from there",
             w.savepoint.display()
         );
+        if let Some(shadow) = running.shadow() {
+            reason.push_str(&format!(
+                " (the shadow of deploy {} that ran meanwhile was dropped with it)",
+                shadow.id
+            ));
+        }
         tracing::error!(deploy = w.id, %reason, "live deploy rolled back");
-        if let Some(d) = self.deployments.iter_mut().find(|d| d.id == w.id) {
+        if let Some(d) = self.ledger.deployments.iter_mut().find(|d| d.id == w.id) {
             d.status = DeployStatus::RolledBack;
             d.reason = Some(reason.clone());
         }
         if let Some(p) = self.pending.take() {
             self.answer(p.reply, Err(Refused::Failed(reason)));
         }
-        Some(Rollback {
-            savepoint: w.savepoint,
-            savepoints: self.savepoints.clone(),
-            deployments: self.deployments.clone(),
-        })
+        self.keep(running);
+        Some(Rollback { savepoint: w.savepoint, rewind: w.rewind, ledger: self.ledger.clone() })
     }
 
     /// Reply to a command once the status is published (see [`Self::send_answers`]).
@@ -192,6 +235,15 @@ impl LoopControl {
             };
             let Some(command) = command else { break Ok(()) };
             acted = true;
+            // Calls that write a savepoint or change the plugin wait for the deploy before
+            // them to be whole (its rollback savepoint and its checkpoint durable, its
+            // caller answered): one at a time, in the order they came.
+            if !matches!(command, Command::Release { .. }) {
+                if let Err(e) = self.finish_pending(running) {
+                    command.refuse("the job failed");
+                    break Err(e);
+                }
+            }
             let done = match command {
                 Command::Savepoint { reply } => self.savepoint(running, reply),
                 Command::Deploy { deployment, reply } => self.deploy(running, deployment, reply),
@@ -232,7 +284,6 @@ impl LoopControl {
         reply: Sender<std::result::Result<PathBuf, Refused>>,
     ) -> Result<()> {
         running.complete_snapshot(true)?;
-        self.answer_pending(running, true);
         match running.savepoint() {
             Ok((path, _)) => {
                 self.saved(&path);
@@ -289,7 +340,7 @@ impl LoopControl {
         deployment: super::swap::Deployment,
         reply: Sender<std::result::Result<super::shadow::ShadowStatus, Refused>>,
     ) {
-        let id = self.deployments.len() as u64 + 1;
+        let id = self.ledger.deployments.len() as u64 + 1;
         let started = running.start_shadow(deployment, id);
         if let Err(e) = &started {
             tracing::warn!(reason = %e, "shadow deploy refused; the job goes on unchanged");
@@ -351,16 +402,21 @@ impl LoopControl {
                     None => {
                         record.rollback_fault_rate = Some(rate);
                         record.watch = format!(
-                            "rolled back by the job if the new plugin fails on more than {:.0}% of the first {} \
-                             events and windows it is given",
+                            "rolled back by the job if the new plugin fails on more than {:.0}% of the events, or \
+                             of the windows, it is given until it has taken {} events and fired {} windows",
                             rate * 100.0,
-                            crate::window::operator::WATCHED_FOR
+                            crate::window::operator::WATCHED_FOR,
+                            crate::window::operator::WINDOWS_WATCHED_FOR
                         );
-                        let ops: Vec<usize> = (0..running.plugins().len())
-                            .filter(|&i| {
-                                record.aggregations.contains(&running.pipeline().aggregations[i].name)
-                            })
-                            .collect();
+                        let watch = Watch {
+                            kept: false,
+                            id: record.id,
+                            aggregations: record.aggregations.clone(),
+                            savepoint: swapped.savepoint.clone(),
+                            rewind: swapped.rewind.clone(),
+                            rate,
+                        };
+                        let ops = self.watched_ops(running, &watch);
                         // One deploy is watched at a time: the last.
                         for i in 0..running.plugins().len() {
                             running.unwatch_deploy(i);
@@ -368,15 +424,14 @@ impl LoopControl {
                         for &i in &ops {
                             running.watch_deploy(i, rate);
                         }
-                        self.watch =
-                            Some(Watch { id: record.id, ops, savepoint: swapped.savepoint.clone(), rate });
+                        self.ledger.watch = Some(watch);
                     }
                     Some(why) => {
                         record.watch = format!("not watched for an automatic rollback: {why}");
                         for i in 0..running.plugins().len() {
                             running.unwatch_deploy(i);
                         }
-                        self.watch = None;
+                        self.ledger.watch = None;
                     }
                 }
                 record.savepoint = Some(swapped.savepoint);
@@ -393,7 +448,9 @@ impl LoopControl {
                     savepoint = %record.savepoint.as_deref().unwrap_or(Path::new("")).display(),
                     "plugin swapped"
                 );
-                self.deployments.push(record.clone());
+                self.ledger.deployments.push(record.clone());
+                // The checkpoint after the swap holds the record and the probation.
+                self.keep(running);
                 self.pending = Some(PendingDeploy {
                     writer: swapped.writer,
                     checkpoint_wanted: wanted,
@@ -409,7 +466,8 @@ impl LoopControl {
                 record.reason = Some(refused.to_string());
                 record.savepoint = savepoint;
                 record.pause_ms = t.elapsed().as_secs_f64() * 1e3;
-                self.deployments.push(record);
+                self.ledger.deployments.push(record);
+                self.keep(running);
                 self.answer(reply, Err(*refused));
                 Ok(())
             }
@@ -442,7 +500,7 @@ impl LoopControl {
         prepare_ms: f64,
     ) -> Deployed {
         Deployed {
-            id: self.deployments.len() as u64 + 1,
+            id: self.ledger.deployments.len() as u64 + 1,
             at_ms: metrics::now_ms(),
             status,
             reason: None,
@@ -484,10 +542,11 @@ impl LoopControl {
     }
 
     fn saved(&mut self, path: &Path) {
-        if self.savepoints.len() == super::commands::CHECKPOINT_HISTORY {
-            self.savepoints.remove(0);
+        let savepoints = &mut self.ledger.savepoints;
+        if savepoints.len() == super::commands::CHECKPOINT_HISTORY {
+            savepoints.remove(0);
         }
-        self.savepoints.push(path.to_path_buf());
+        savepoints.push(path.to_path_buf());
     }
 
     /// The checkpoint that follows a swap (from then on a crash recovers with the new
@@ -506,9 +565,25 @@ impl LoopControl {
         p.checkpoint = running.checkpoint()?;
         p.checkpoint_wanted = false;
         p.record.checkpoint = p.checkpoint.clone();
-        if let Some(d) = self.deployments.iter_mut().rev().find(|d| d.id == p.record.id) {
+        if let Some(d) = self.ledger.deployments.iter_mut().rev().find(|d| d.id == p.record.id) {
             d.checkpoint = p.checkpoint.clone();
         }
+        Ok(())
+    }
+
+    /// The last deploy made whole now: its rollback savepoint written, the checkpoint
+    /// after it taken and durable, its caller answered (before a call that writes a
+    /// savepoint or changes the plugin, and before the job stops or lets its task go).
+    pub(super) fn finish_pending(&mut self, running: &mut RunningJob) -> Result<()> {
+        let Some(p) = &self.pending else { return Ok(()) };
+        if let Some(w) = &p.writer {
+            while !w.is_finished() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.checkpoint_after_swap(running)?;
+        running.complete_snapshot(true)?;
+        self.answer_pending(running, true);
         Ok(())
     }
 
@@ -543,9 +618,9 @@ impl LoopControl {
     fn completed(&self, status: JobStatus) -> JobStatus {
         JobStatus {
             uptime_ms: self.t0.elapsed().as_millis() as u64,
-            last_savepoint: self.savepoints.last().cloned(),
-            savepoints: self.savepoints.clone(),
-            deployments: self.deployments.clone(),
+            last_savepoint: self.ledger.savepoints.last().cloned(),
+            savepoints: self.ledger.savepoints.clone(),
+            deployments: self.ledger.deployments.clone(),
             records_per_second: self.rate(),
             throughput: self.samples.iter().copied().collect(),
             ..status

@@ -73,6 +73,9 @@ pub(super) struct Job {
     pub(super) components: Vec<Option<Component>>,
     /// A new plugin version running beside the current one ([`super::shadow`]).
     pub(super) shadow: Option<Box<super::shadow::Shadow>>,
+    /// The control port's memory (deploy history, probation), kept in every snapshot
+    /// ([`super::ledger::Ledger`]).
+    pub(super) ledger: Option<serde_json::Value>,
     /// The latest late events and dead letters, for the status (repeats counted).
     pub(super) recent: std::collections::VecDeque<super::commands::SideRecord>,
     /// Times the source was paused for a sink that was behind, and for how long.
@@ -266,6 +269,7 @@ impl Job {
             fingerprint,
             components: vec![None; pipeline.aggregations.len()],
             shadow: None,
+            ledger: None,
             recent: Default::default(),
             backpressure: (0, Duration::ZERO),
             confined: None,
@@ -811,6 +815,9 @@ impl Job {
             let saved = meta.operators.iter().find(|o| o.id == op.name());
             if let Some(saved) = saved.filter(|o| o.plugin.sha256 == op.identity().sha256) {
                 op.restore_faults(&saved.faults);
+                // A deploy on probation goes on being judged (the control port resumes it
+                // with its fault rate).
+                op.restore_probation(saved.probation);
             }
         }
         self.snapshot_id = meta.snapshot_id.clone();
@@ -899,6 +906,7 @@ impl Job {
                 rows,
                 counters: op.counters().clone(),
                 faults: op.saved_faults(),
+                probation: op.probation(),
             })
             .collect();
         Ok(SavepointMeta {
@@ -919,6 +927,7 @@ impl Job {
             snapshot_id: barrier.id,
             rows_cover_slots: true,
             session_ends_closed: true,
+            control: self.ledger.clone(),
         })
     }
 }

@@ -9,6 +9,7 @@ use super::checkpoints::{CheckpointStats, Checkpointer};
 use super::commands::{
     CheckpointInfo, CheckpointStatus, ControlHandle, JobState, JobStatus, Refused, StopMode,
 };
+use super::ledger::{Ledger, Rollback};
 use super::port::{LoopControl, StopReply};
 use super::route::Job;
 use super::swap::{Deployment, NotSwapped, Swapped};
@@ -36,7 +37,7 @@ pub(super) enum Step {
 pub(super) enum Ran {
     Finished(Box<Summary>),
     /// To go on from the rollback savepoint of a live deploy (see [`LoopControl`]).
-    RolledBack(super::port::Rollback),
+    RolledBack(Box<Rollback>),
 }
 
 /// One running job: its source and position, its operators and watermarks ([`Job`]), its
@@ -74,7 +75,9 @@ pub(super) struct RunningJob<'p> {
     /// A task of a job shared with a consumer group (stops are hand-overs).
     in_group: bool,
     /// A rollback ordered by the control port (a live deploy that failed too often).
-    rollback: Option<super::port::Rollback>,
+    rollback: Option<Rollback>,
+    /// Why the job stops with a savepoint and fails (a tripped breaker that says so).
+    halted: Option<String>,
 }
 
 impl<'p> RunningJob<'p> {
@@ -106,6 +109,7 @@ impl<'p> RunningJob<'p> {
         // The saved slots are the job's now: only what the savepoint says of the source and
         // sinks is kept (its slots, ~100 MB for ~1M windows, were kept for the whole run).
         let restore = restore.map(|sp| sp.meta);
+        let ledger = restore.as_ref().and_then(|meta| Ledger::of(meta.control.as_ref()));
         let source = Source::open(
             &pipeline.source,
             opts.input.as_ref(),
@@ -124,7 +128,8 @@ impl<'p> RunningJob<'p> {
         if let (Some(member), Source::Kafka(k)) = (&opts.committer, &mut source) {
             k.commit_through(member.clone());
         }
-        let checkpoints = open_checkpoints(pipeline, &mut job)?;
+        let checkpoints =
+            open_checkpoints(pipeline, &mut job, Source::unbounded(&pipeline.source, opts.follow))?;
         place_partitions(pipeline, &mut job, &source, restore.is_some());
         // Sinks are opened only once everything above has been checked. A task of a job
         // shared with a group writes its sinks as the owner of its checkpoints' generation.
@@ -142,7 +147,7 @@ impl<'p> RunningJob<'p> {
         let t0 = Instant::now();
         let control = opts.control.clone();
         let port = control.as_ref().map(|h| LoopControl::new(h.clone(), t0));
-        Ok(RunningJob {
+        let mut running = RunningJob {
             pipeline,
             job,
             read_before: source.records(),
@@ -167,7 +172,15 @@ impl<'p> RunningJob<'p> {
             cpu0: metrics::thread_cpu_time(),
             in_group: opts.committer.is_some(),
             rollback: None,
-        })
+            halted: None,
+        };
+        if let Some(ledger) = ledger {
+            if let Some(mut port) = running.port.take() {
+                port.resume(&mut running, ledger);
+                running.port = Some(port);
+            }
+        }
+        Ok(running)
     }
 
     /// What the loop starts with: a stop at once for `--stop-with-savepoint-after 0`.
@@ -188,9 +201,14 @@ impl<'p> RunningJob<'p> {
                 Step::Going => {}
                 Step::Idle(wait) => std::thread::sleep(wait),
                 Step::Ended | Step::Stopped(_) => {
-                    return self.finish(step).map(|s| Ran::Finished(Box::new(s)))
+                    let halted = self.halted.take();
+                    let summary = self.finish(step)?;
+                    return match halted {
+                        Some(reason) => Err(Error::Halted { reason, savepoint: summary.savepoint }),
+                        None => Ok(Ran::Finished(Box::new(summary))),
+                    };
                 }
-                Step::RollBack => return self.into_rollback().map(Ran::RolledBack),
+                Step::RollBack => return self.into_rollback().map(|r| Ran::RolledBack(Box::new(r))),
             }
             step = self.step()?;
         }
@@ -200,7 +218,7 @@ impl<'p> RunningJob<'p> {
     /// being written completes, the status says so, and the sinks are dropped as a crash
     /// would drop them (the run restored from the savepoint rewrites what came after it,
     /// as recovery does).
-    pub(super) fn into_rollback(mut self) -> Result<super::port::Rollback> {
+    pub(super) fn into_rollback(mut self) -> Result<Rollback> {
         self.complete_snapshot(true)?;
         if let Some(mut port) = self.port.take() {
             port.publish(&self, true);
@@ -213,9 +231,10 @@ impl<'p> RunningJob<'p> {
 
     /// Go on after a rollback: the history of the run it replaces, and a checkpoint now,
     /// so that a crash from here recovers into the plugin rolled back to.
-    pub(super) fn rolled_back(&mut self, r: &super::port::Rollback) -> Result<()> {
-        if let Some(port) = self.port.as_mut() {
-            port.carry(r);
+    pub(super) fn rolled_back(&mut self, r: &Rollback) -> Result<()> {
+        if let Some(mut port) = self.port.take() {
+            port.carry(self, r);
+            self.port = Some(port);
         }
         if self.has_checkpoints() {
             self.checkpoint()?;
@@ -225,15 +244,49 @@ impl<'p> RunningJob<'p> {
     }
 
     /// The control port found the last live deploy failing too often.
-    pub(super) fn roll_back_to(&mut self, r: super::port::Rollback) {
+    pub(super) fn roll_back_to(&mut self, r: Rollback) {
         self.rollback = Some(r);
     }
 
     /// Put aggregation `i`'s new plugin on probation (a live deploy the job may roll back).
     pub(super) fn watch_deploy(&mut self, i: usize, rate: f64) {
+        let breaker = self.breaker(i);
         if let Some(op) = self.job.ops.get_mut(i) {
-            op.watch_deploy(rate);
+            op.watch_deploy(rate, breaker);
         }
+    }
+
+    /// Aggregation `i` goes on judging the plugin it was judging when its snapshot was
+    /// taken (restored), with the deploy's fault rate; `kept`: past its probation.
+    pub(super) fn resume_watch(&mut self, i: usize, rate: f64, kept: bool) {
+        let breaker = self.breaker(i);
+        if let Some(op) = self.job.ops.get_mut(i) {
+            op.resume_watch(rate, breaker, kept);
+        }
+    }
+
+    /// Aggregation `i`'s circuit breaker (events, fault rate), if it has one.
+    fn breaker(&self, i: usize) -> Option<(u64, f64)> {
+        let b = self.pipeline.aggregations.get(i)?.plugin.breaker;
+        (b.events > 0).then_some((b.events, b.fault_rate))
+    }
+
+    /// Whether a tripped breaker of a deploy into `aggregations` stops the job (rather
+    /// than rolling the deploy back).
+    pub(super) fn breaker_stops(&self, aggregations: &[String]) -> bool {
+        self.pipeline.aggregations.iter().any(|a| {
+            aggregations.contains(&a.name) && a.plugin.breaker.action == crate::pipeline::BreakerAction::Stop
+        })
+    }
+
+    /// Stop the job with a savepoint, failing with `reason` (a tripped breaker).
+    pub(super) fn halt(&mut self, reason: String) {
+        self.halted = Some(reason);
+    }
+
+    /// What the control port keeps in the job's snapshots (its [`Ledger`]).
+    pub(super) fn keep_ledger(&mut self, ledger: Option<serde_json::Value>) {
+        self.job.ledger = ledger;
     }
 
     /// Whether aggregation `i`'s new plugin is still on probation.
@@ -241,8 +294,14 @@ impl<'p> RunningJob<'p> {
         self.job.ops.get(i).is_some_and(|op| op.deploy_watched())
     }
 
-    /// Aggregation `i`'s new plugin failed its probation: what it failed on and was given.
-    pub(super) fn deploy_failed(&self, i: usize) -> Option<crate::window::operator::Tally> {
+    /// Whether aggregation `i`'s new plugin is past its probation, watched by its breaker.
+    pub(super) fn deploy_on_breaker(&self, i: usize) -> bool {
+        self.job.ops.get(i).is_some_and(|op| op.deploy_on_breaker())
+    }
+
+    /// Aggregation `i`'s new plugin failed its probation (or tripped its breaker): what
+    /// it failed on and was given, and whether its breaker tripped.
+    pub(super) fn deploy_failed(&self, i: usize) -> Option<(crate::window::operator::Tally, bool)> {
         self.job.ops.get(i).and_then(|op| op.deploy_failed())
     }
 
@@ -343,7 +402,15 @@ impl<'p> RunningJob<'p> {
             }
             return Ok(Some(Step::RollBack));
         }
-        let Some((mode, reply)) = served? else { return Ok(None) };
+        let served = served?;
+        if self.halted.is_some() {
+            if let Some((_, reply)) = served {
+                let _ = reply
+                    .send(Err(Refused::Closed("the job is stopping: its deploy tripped its breaker".into())));
+            }
+            return Ok(Some(Step::Stopped(StopMode::Savepoint)));
+        }
+        let Some((mode, reply)) = served else { return Ok(None) };
         if mode == StopMode::Savepoint {
             match self.savepoint() {
                 Ok((path, pause)) => (self.savepoint, self.savepoint_pause) = (Some(path), pause),
@@ -584,7 +651,13 @@ impl<'p> RunningJob<'p> {
     pub(super) fn finish(mut self, end: Step) -> Result<Summary> {
         self.complete_snapshot(true)?;
         if let Some(mut port) = self.port.take() {
-            port.answer_pending(&self, true);
+            // A deploy just swapped in is whole before the job ends: a restart from its
+            // checkpoints runs the plugin its caller was told about.
+            let finished = port.finish_pending(&mut self);
+            if let Err(e) = finished {
+                port.send_answers();
+                return Err(e);
+            }
             port.publish(&self, true);
             port.send_answers();
         }
@@ -629,6 +702,9 @@ impl<'p> RunningJob<'p> {
             }
         }
         if let Some(mut port) = self.port.take() {
+            if checkpoint {
+                port.finish_pending(&mut self)?;
+            }
             port.answer_pending(&self, true);
             port.send_answers();
         }
@@ -736,12 +812,12 @@ impl<'p> RunningJob<'p> {
 
 /// The checkpointer of a job whose pipeline has checkpoints (operators track their
 /// changes with the RocksDB backend); a deployed component it runs is stored first.
-fn open_checkpoints(pipeline: &Pipeline, job: &mut Job) -> Result<Option<Checkpointer>> {
+fn open_checkpoints(pipeline: &Pipeline, job: &mut Job, follows: bool) -> Result<Option<Checkpointer>> {
     let Some(spec) = &pipeline.checkpoints else { return Ok(None) };
     let store = Checkpoints::open(&spec.dir, spec.remote.as_deref())?;
     let generation = store.claim()?;
     let next = store.next()?;
-    let rocks = match pipeline.state.backend {
+    let rocks = match pipeline.state.backend_for(follows) {
         Backend::Memory => None,
         Backend::Rocksdb => {
             for op in &mut job.ops {
@@ -965,15 +1041,23 @@ pub(super) fn begin_savepoint(
     Ok((path, Some(writer)))
 }
 
-/// A new savepoint's folder in `dir`, named by the records read.
+/// A new savepoint's folder in `dir`: named by the records read, made unique by a
+/// number when that name is taken (on disk, or by a savepoint of this process still being
+/// written: two savepoints at one record, say a deploy's rollback point and a stop, never
+/// share a folder or its temporary one).
 pub(super) fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
-    let mut path = dir.join(format!("savepoint-{records:012}"));
-    // Two savepoints at the same record (on demand, then at a stop) get their own folders.
+    static GIVEN: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    // Names given out and written since are on disk: only those being written are kept.
+    given.retain(|p| !p.exists());
+    let base = dir.join(format!("savepoint-{records:012}"));
+    let mut path = base.clone();
     let mut n = 1;
-    while path.exists() {
+    while path.exists() || given.contains(&path) {
         n += 1;
         path = dir.join(format!("savepoint-{records:012}-{n}"));
     }
+    given.push(path.clone());
     path
 }
 

@@ -44,11 +44,15 @@ pub struct ShadowStatus {
     /// Records read when it started, and when (epoch ms).
     pub since_record: u64,
     pub at_ms: i64,
-    /// Windows the shadow fired, and of them: equal, different, faulted.
+    /// Windows compared (every window the shadow fired, and every window the current
+    /// plugin wrote a result for), and of them: equal, different, faulted (the shadow
+    /// failed on the window's result or on one of its events); they add up.
     pub windows: u64,
     pub equal: u64,
     pub different: u64,
     pub faulted: u64,
+    /// Events the shadow failed on (dead-lettered by it, for a fault or a quarantine).
+    pub failed_events: u64,
     /// Where every difference is written (one JSON line each).
     pub differences_file: Option<PathBuf>,
     /// The latest differences.
@@ -83,6 +87,9 @@ pub(super) struct Shadow {
     out: Vec<Emitted>,
     /// When the differences file was last flushed.
     flushed: std::time::Instant,
+    /// Windows (`start|key`) the shadow failed on an event of, not compared yet, with
+    /// their ends.
+    tainted: BTreeMap<String, i64>,
 }
 
 /// How often the differences file is flushed while differences come.
@@ -136,7 +143,7 @@ impl Shadow {
         if op.check(slots, names).is_ok() {
             op.on_event(key, t, wm, slots, &mut self.out)?;
         }
-        self.compare(k, fired, current)
+        self.compare(k, fired, current, None)
     }
 
     /// The shadow of aggregation `i` fires what is due at `wm`, or (`wm` none) every
@@ -156,54 +163,89 @@ impl Shadow {
             Some(wm) => op.advance(wm, &mut self.out)?,
             None => op.drain(&mut self.out)?,
         }
-        self.compare(k, fired, current)
+        self.compare(k, fired, current, Some(wm.unwrap_or(i64::MAX)))
     }
 
     /// Compare what the shadow operator `k` wrote (in `out`) with `current`, for the
-    /// windows it fired since its count was `fired`.
-    fn compare(&mut self, k: usize, fired: u64, current: &[Emitted]) -> Result<()> {
+    /// windows it fired since its count was `fired`; `wm`: the watermark it advanced to
+    /// (none: it took an event). Each window is
+    /// judged once: faulted (the shadow failed on its result, or on one of its events),
+    /// else different or equal; a window neither side wrote a result for is equal.
+    fn compare(&mut self, k: usize, fired: u64, current: &[Emitted], wm: Option<i64>) -> Result<()> {
         let op = &mut self.ops[k].1;
         let rejected = op.take_rejected();
-        let windows = op.counters().windows_fired - fired;
-        if windows == 0 && self.out.is_empty() && current.is_empty() && rejected.is_empty() {
+        let fired = op.counters().windows_fired - fired;
+        let over_at = |end: i64| wm.is_some_and(|wm| end <= wm.saturating_add(1));
+        let due = wm.is_some() && self.tainted.values().any(|&end| over_at(end));
+        if fired == 0 && self.out.is_empty() && current.is_empty() && rejected.is_empty() && !due {
             return Ok(());
         }
         let aggregation = op.name().to_string();
-        // Windows whose result the new plugin failed on, by their result key's end
-        // (`start|key`): faulted, not different.
-        let faulted: Vec<String> = rejected
+        let prefix = format!("{aggregation}|");
+        // A window by its result key's end (`start|key`), whatever the prefix.
+        let window = |key: &str| key.strip_prefix(prefix.as_str()).unwrap_or(key).to_string();
+        let mut finish_faulted = std::collections::BTreeSet::new();
+        for r in &rejected {
+            let id = format!("{}|{}", r.window.start, r.key);
+            if r.event_times.is_empty() {
+                finish_faulted.insert(id);
+            } else {
+                self.status.failed_events += r.event_times.len() as u64;
+                self.tainted.insert(id, r.window.end);
+            }
+        }
+        let theirs: BTreeMap<String, (&str, Option<&str>)> =
+            self.out.iter().map(|e| (window(&e.key), (e.key.as_str(), e.value.as_deref()))).collect();
+        let ours: BTreeMap<String, (&str, Option<&str>)> =
+            current.iter().map(|e| (window(&e.key), (e.key.as_str(), e.value.as_deref()))).collect();
+        let mut windows: std::collections::BTreeSet<&String> = ours.keys().collect();
+        windows.extend(theirs.keys());
+        windows.extend(finish_faulted.iter());
+        // Windows the shadow failed on an event of that are over without a result on
+        // either side: faulted all the same.
+        let over: Vec<String> = self
+            .tainted
             .iter()
-            .filter(|r| r.event_times.is_empty())
-            .map(|r| format!("{}|{}", r.window.start, r.key))
+            .filter(|(id, &end)| over_at(end) && !windows.contains(id))
+            .map(|(id, _)| id.clone())
             .collect();
-        let theirs: BTreeMap<&str, Option<&str>> =
-            self.out.iter().map(|e| (e.key.as_str(), e.value.as_deref())).collect();
-        let ours: BTreeMap<&str, Option<&str>> =
-            current.iter().map(|e| (e.key.as_str(), e.value.as_deref())).collect();
+        // Windows the shadow fired that no result shows (neither side wrote one).
+        let shown = theirs.len()
+            + finish_faulted.iter().filter(|id| !theirs.contains_key(*id)).count()
+            + ours.keys().filter(|id| !theirs.contains_key(*id) && !finish_faulted.contains(*id)).count();
+        let silent = fired.saturating_sub((shown + over.len()) as u64);
+        let (mut equal, mut faulted) = (silent, over.len() as u64);
         let mut differences = Vec::new();
-        for key in ours.keys().chain(theirs.keys().filter(|k| !ours.contains_key(*k))) {
-            let (a, b) = (ours.get(key).copied().flatten(), theirs.get(key).copied().flatten());
-            if b.is_none() && faulted.iter().any(|f| key.ends_with(f.as_str())) {
+        for id in windows {
+            if finish_faulted.contains(id) || self.tainted.remove(id).is_some() {
+                faulted += 1;
                 continue;
             }
-            if let Some(fields) = differ(a, b) {
-                differences.push(ShadowDifference {
+            let (a, b) = (ours.get(id), theirs.get(id));
+            let key = a.or(b).map_or(id.as_str(), |(key, _)| key);
+            let (a, b) = (a.and_then(|(_, v)| *v), b.and_then(|(_, v)| *v));
+            match differ(a, b) {
+                Some(fields) => differences.push(ShadowDifference {
                     deploy: self.status.id,
                     aggregation: aggregation.clone(),
                     key: key.to_string(),
                     current: a.map(str::to_string),
                     shadow: b.map(str::to_string),
                     fields,
-                });
+                }),
+                None => equal += 1,
             }
+        }
+        for id in &over {
+            self.tainted.remove(id);
         }
         self.out.clear();
         let different_before = self.status.different;
         let s = &mut self.status;
-        s.windows += windows;
-        s.faulted += faulted.len() as u64;
+        s.equal += equal;
+        s.faulted += faulted;
         s.different += differences.len() as u64;
-        s.equal = s.windows.saturating_sub(s.different + s.faulted);
+        s.windows = s.equal + s.different + s.faulted;
         for d in differences {
             if let Some(f) = self.file.as_mut() {
                 let line = serde_json::to_string(&d).map_err(|e| Error::Usage(e.to_string()))?;
@@ -358,6 +400,7 @@ impl Job {
             file,
             out: Vec::new(),
             flushed: std::time::Instant::now(),
+            tainted: BTreeMap::new(),
         }));
         Ok(status)
     }
@@ -392,7 +435,8 @@ impl Job {
         let (decoder, columns) =
             Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| Refused::Failed(e.to_string()))?;
         let mut shadow = self.take_shadow()?;
-        for (i, op) in std::mem::take(&mut shadow.ops) {
+        for (i, mut op) in std::mem::take(&mut shadow.ops) {
+            op.take_place_of(&mut self.ops[i], pipeline.aggregations[i].plugin.on_error);
             self.ops[i] = op;
             self.components[i] = Some(shadow.component.clone());
         }

@@ -24,6 +24,7 @@ use super::route::{fields_of, results_fingerprint, Job};
 use super::running::{begin_savepoint, join_writer, SavepointFailed, SavepointWriter};
 use super::upgrade::{self, Refusal};
 use super::*;
+use crate::sink::RewindPoint;
 use crate::source::decode::Decoder;
 use crate::window::aggregator::Aggregator;
 use std::sync::Arc;
@@ -149,6 +150,8 @@ pub(super) struct Swapped {
     pub(super) writer: Option<SavepointWriter>,
     pub(super) migrated: Vec<(String, u32, u32)>,
     pub(super) savepoint: PathBuf,
+    /// Where the result sink stood at the rollback savepoint.
+    pub(super) rewind: RewindPoint,
     pub(super) savepoint_time: Duration,
     pub(super) swap_time: Duration,
 }
@@ -200,16 +203,32 @@ impl Job {
         source: &Source,
         checkpoints: Option<&mut Checkpointer>,
         savepoint_dir: &Path,
-    ) -> std::result::Result<(PathBuf, Option<SavepointWriter>), NotSwapped> {
-        begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir).map_err(|f| match f {
-            SavepointFailed::Savepoint(e) => NotSwapped::Refused(
-                Box::new(Refused::Failed(format!(
-                    "the rollback savepoint could not be written, so nothing was swapped: {e}"
-                ))),
-                None,
-            ),
-            SavepointFailed::Job(e) => NotSwapped::Failed(e),
-        })
+    ) -> std::result::Result<(PathBuf, Option<SavepointWriter>, RewindPoint), NotSwapped> {
+        let (path, writer) =
+            begin_savepoint(self, pipeline, source, checkpoints, savepoint_dir).map_err(|f| match f {
+                SavepointFailed::Savepoint(e) => NotSwapped::Refused(
+                    Box::new(Refused::Failed(format!(
+                        "the rollback savepoint could not be written, so nothing was swapped: {e}"
+                    ))),
+                    None,
+                ),
+                SavepointFailed::Job(e) => NotSwapped::Failed(e),
+            })?;
+        // The savepoint's barrier has passed: the sinks hold its results and no more.
+        let rewind = match self.output.as_ref().map(|o| o.rewind_point(&self.snapshot_id)) {
+            Some(Ok(point)) => point,
+            Some(Err(e)) => {
+                let kept = writer.map_or(Ok(()), join_writer).ok().map(|()| path.clone());
+                return Err(NotSwapped::Refused(
+                    Box::new(Refused::Failed(format!(
+                        "the rollback point of the result sink could not be read, so nothing was swapped: {e}"
+                    ))),
+                    kept,
+                ));
+            }
+            None => RewindPoint { snapshot: self.snapshot_id.clone(), kafka_ends: Vec::new() },
+        };
+        Ok((path, writer, rewind))
     }
 
     /// Swap the shadow's operators in ([`super::shadow`]) at this record boundary, after a
@@ -225,14 +244,22 @@ impl Job {
             return Err(NotSwapped::Refused(Box::new(Refused::NotFound("no shadow runs".into())), None));
         }
         let t = Instant::now();
-        let (savepoint, writer) = self.rollback_point(pipeline, source, checkpoints, savepoint_dir)?;
+        let (savepoint, writer, rewind) =
+            self.rollback_point(pipeline, source, checkpoints, savepoint_dir)?;
         let savepoint_time = t.elapsed();
         let t = Instant::now();
         if let Err(r) = self.promote_shadow(pipeline) {
             let kept = writer.map_or(Ok(()), join_writer).ok().map(|()| savepoint.clone());
             return Err(NotSwapped::Refused(Box::new(r), kept));
         }
-        Ok(Swapped { writer, migrated: Vec::new(), savepoint, savepoint_time, swap_time: t.elapsed() })
+        Ok(Swapped {
+            writer,
+            migrated: Vec::new(),
+            savepoint,
+            rewind,
+            savepoint_time,
+            swap_time: t.elapsed(),
+        })
     }
 
     /// Swap in a deployment's plugins at this record boundary (see the module's text).
@@ -248,7 +275,8 @@ impl Job {
             self.check_swap(pipeline, &d).map_err(|r| NotSwapped::Refused(Box::new(r.into()), None))?;
 
         let t = Instant::now();
-        let (savepoint, writer) = self.rollback_point(pipeline, source, checkpoints, savepoint_dir)?;
+        let (savepoint, writer, rewind) =
+            self.rollback_point(pipeline, source, checkpoints, savepoint_dir)?;
         let savepoint_time = t.elapsed();
         // A refused swap waits for its rollback savepoint (named in the refusal).
         let refused = |r: Refused, writer: Option<SavepointWriter>| {
@@ -288,6 +316,6 @@ impl Job {
         }
         self.decoder = decoder;
         self.fingerprint = fingerprint;
-        Ok(Swapped { writer, migrated, savepoint, savepoint_time, swap_time: t.elapsed() })
+        Ok(Swapped { writer, migrated, savepoint, rewind, savepoint_time, swap_time: t.elapsed() })
     }
 }

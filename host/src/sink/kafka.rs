@@ -328,6 +328,12 @@ impl KafkaSink {
         Ok(())
     }
 
+    /// The end offset of each partition of the topic now (after a [`Self::barrier`]: every
+    /// result sent so far is below it), where a rollback to this point starts undoing.
+    pub fn ends(&self) -> Result<Vec<(i32, i64)>> {
+        ends_of(self.producer.client(), &self.target)
+    }
+
     /// The checkpoint that covers this epoch is durable: commit its transaction and
     /// open the next one. (Upsert sinks have nothing to do.)
     pub fn commit_epoch(&mut self) -> Result<()> {
@@ -340,6 +346,119 @@ impl KafkaSink {
             .map_err(|e| err(format!("commit the epoch's transaction: {e}")))?;
         self.producer.begin_transaction().map_err(|e| err(format!("begin a transaction: {e}")))
     }
+}
+
+/// The end offset of each partition of `target`'s topic.
+fn ends_of<C: ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    target: &KafkaTarget,
+) -> Result<Vec<(i32, i64)>> {
+    let err = |message: String| Error::Kafka { brokers: target.brokers.clone(), message };
+    let md = client
+        .fetch_metadata(Some(&target.topic), Duration::from_secs(15))
+        .map_err(|e| err(format!("read the metadata of topic {:?}: {e}", target.topic)))?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == target.topic)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    partitions
+        .into_iter()
+        .map(|p| {
+            client
+                .fetch_watermarks(&target.topic, p, Duration::from_secs(15))
+                .map(|(_, high)| (p, high))
+                .map_err(|e| err(format!("read the end of partition {p} of topic {:?}: {e}", target.topic)))
+        })
+        .collect()
+}
+
+/// Undo what was written to `target`'s topic after `ends` (a rollback of a live deploy:
+/// the job goes on from the snapshot taken there): every key written since is
+/// tombstoned, in its partition, and the run that goes on from the snapshot writes again
+/// the keys its plugin writes, so the topic's keyed view is the one of a job that never
+/// deployed. Returns the keys tombstoned.
+pub fn rewind(target: &KafkaTarget, ends: &[(i32, i64)]) -> Result<usize> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+    let err = |message: String| Error::Kafka { brokers: target.brokers.clone(), message };
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &target.brokers)
+        .set("client.id", "km0-rewind")
+        .set("group.id", "km0-rewind")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false");
+    // Only the connection's settings of the producer's apply to a consumer.
+    for (k, v) in target
+        .properties
+        .iter()
+        .filter(|(k, _)| k.starts_with("security.") || k.starts_with("sasl.") || k.starts_with("ssl."))
+    {
+        config.set(k, v);
+    }
+    let consumer: BaseConsumer =
+        config.create().map_err(|e| err(format!("create a consumer of topic {:?}: {e}", target.topic)))?;
+    let now = ends_of(consumer.client(), target)?;
+    let mut tpl = TopicPartitionList::new();
+    let mut left = std::collections::BTreeMap::new();
+    for &(p, high) in &now {
+        // A partition added since the snapshot is undone from its start.
+        let from = ends.iter().find(|(q, _)| *q == p).map_or(0, |(_, e)| *e);
+        if high > from {
+            tpl.add_partition_offset(&target.topic, p, Offset::Offset(from))
+                .map_err(|e| err(format!("position partition {p}: {e}")))?;
+            left.insert(p, high);
+        }
+    }
+    let mut keys: std::collections::BTreeSet<(i32, Vec<u8>)> = std::collections::BTreeSet::new();
+    if !left.is_empty() {
+        consumer.assign(&tpl).map_err(|e| err(format!("assign topic {:?}: {e}", target.topic)))?;
+        let deadline = std::time::Instant::now() + FLUSH_TIMEOUT;
+        while !left.is_empty() {
+            if std::time::Instant::now() > deadline {
+                return Err(err(format!(
+                    "read back topic {:?} to undo a rolled-back deploy's results: partitions {:?} not read to their end within {} s",
+                    target.topic,
+                    left.keys().collect::<Vec<_>>(),
+                    FLUSH_TIMEOUT.as_secs()
+                )));
+            }
+            let Some(m) = consumer.poll(Duration::from_millis(200)) else { continue };
+            let m = m.map_err(|e| err(format!("read back topic {:?}: {e}", target.topic)))?;
+            if let Some(k) = m.key() {
+                keys.insert((m.partition(), k.to_vec()));
+            }
+            if left.get(&m.partition()).is_some_and(|&high| m.offset() + 1 >= high) {
+                left.remove(&m.partition());
+            }
+        }
+    }
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &target.brokers)
+        .set("client.id", "km0-rewind")
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()
+        .map_err(|e| err(format!("create the producer for topic {:?}: {e}", target.topic)))?;
+    for (p, k) in &keys {
+        let mut record = BaseRecord::<[u8], [u8]>::to(&target.topic).key(k.as_slice()).partition(*p);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    producer.poll(Duration::from_millis(50));
+                    record = r;
+                }
+                Err((e, _)) => return Err(err(format!("tombstone a key in topic {:?}: {e}", target.topic))),
+            }
+        }
+    }
+    producer.flush(FLUSH_TIMEOUT).map_err(|e| err(format!("flush topic {:?}: {e}", target.topic)))?;
+    tracing::info!(topic = %target.topic, keys = keys.len(), "kafka: tombstoned the keys written after the rollback point");
+    Ok(keys.len())
 }
 
 /// Headers of a dead letter: why, and where the record came from.

@@ -205,6 +205,35 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     a == b || matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
 }
 
+/// Where a result sink stood at a snapshot, to take it back there ([`rewind`]): a live
+/// deploy's rollback point.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewindPoint {
+    /// The snapshot's id (the barrier a PostgreSQL sink committed an epoch at).
+    pub snapshot: String,
+    /// A Kafka topic's end offsets then, per partition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kafka_ends: Vec<(i32, i64)>,
+}
+
+/// Take the result sink `spec` of job `job` back to `point` (the run that goes on from the
+/// snapshot there writes what came after it again): a PostgreSQL table drops the epochs
+/// after the snapshot's and the rows they wrote, a Kafka topic tombstones the keys
+/// written after its end offsets then. A file is truncated when the run opens it from
+/// the snapshot's position, as on any resume.
+pub fn rewind(spec: &crate::pipeline::SinkSpec, job: &str, point: &RewindPoint) -> Result<()> {
+    use crate::pipeline::{KafkaSinkMode, SinkSpec};
+    match spec {
+        SinkSpec::Postgres { url, table } => postgres::rewind(url, table, job, &point.snapshot).map(drop),
+        SinkSpec::Kafka { target, mode: KafkaSinkMode::Upsert, .. } => {
+            kafka::rewind(target, &point.kafka_ends).map(drop)
+        }
+        // A transaction per epoch: what the rolled-back run committed stays committed (a
+        // reader of the topic sees it); the run that goes on writes its own results after.
+        SinkSpec::Kafka { .. } | SinkSpec::File { .. } | SinkSpec::Stdout => Ok(()),
+    }
+}
+
 /// Where results go. (One per job; boxing the larger variants would add a load to every
 /// result written.)
 #[allow(clippy::large_enum_variant)]
@@ -280,6 +309,16 @@ impl ResultSink {
             ResultSink::Kafka(s) => s.barrier().map(|_| None),
             ResultSink::Postgres(s) => s.commit(ordinal, barrier).map(|_| None),
         }
+    }
+
+    /// Where this sink stands now, just after the barrier of snapshot `snapshot`: the
+    /// point a rollback takes it back to.
+    pub fn rewind_point(&self, snapshot: &str) -> Result<RewindPoint> {
+        let kafka_ends = match self {
+            ResultSink::Kafka(s) => s.ends()?,
+            _ => Vec::new(),
+        };
+        Ok(RewindPoint { snapshot: snapshot.to_string(), kafka_ends })
     }
 
     /// True when a checkpoint must be durable before processing goes on, because the

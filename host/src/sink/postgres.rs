@@ -437,6 +437,46 @@ pub fn fence(url: &str, table: &str, job: &str, generation: u64) -> Result<()> {
     take_over(&rt, &client, table, job, generation as i64)
 }
 
+/// Take the table of task `job` back to where it stood at `snapshot` (a rollback of a live
+/// deploy: the job goes on from that snapshot with the plugin it ran before): the epochs
+/// committed after the snapshot's are deleted, and so are the rows they wrote, in one
+/// transaction; the run that goes on from the snapshot writes again what its plugin
+/// writes. Nothing to do when the snapshot's epoch is the table's last. Returns the rows
+/// deleted.
+pub fn rewind(url: &str, table: &str, job: &str, snapshot: &str) -> Result<u64> {
+    let err = |m: String| Error::Postgres { table: table.to_string(), message: m };
+    let (rt, mut client) = connect(url, table)?;
+    let delete_rows = format!("DELETE FROM {table} WHERE epoch > $1");
+    let deleted: std::result::Result<Option<u64>, tokio_postgres::Error> = rt.block_on(async {
+        let tx = client.transaction().await?;
+        let at = tx
+            .query_opt(
+                "SELECT epoch FROM km0_sink_epochs WHERE job = $1 AND sink_table = $2 AND checkpoint_id = $3",
+                &[&job, &table, &snapshot],
+            )
+            .await?;
+        let Some(at) = at else { return Ok(None) };
+        let epoch: i64 = at.try_get(0)?;
+        let rows = tx.execute(&delete_rows, &[&epoch]).await?;
+        tx.execute(
+            "DELETE FROM km0_sink_epochs WHERE job = $1 AND sink_table = $2 AND epoch > $3",
+            &[&job, &table, &epoch],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(rows))
+    });
+    match deleted.map_err(|e| err(format!("rewind to snapshot {snapshot}: {}", db_message(&e))))? {
+        Some(rows) => {
+            tracing::info!(table, job, rows, snapshot, "postgres: rewound to the rollback point");
+            Ok(rows)
+        }
+        None => Err(err(format!(
+            "cannot rewind job {job:?} to snapshot {snapshot}: the table has no epoch committed at it"
+        ))),
+    }
+}
+
 /// Why PostgreSQL cannot store a result, if it cannot: `text` and `jsonb` hold no NUL
 /// character (a JSON value can only carry one as the escape `\u0000`, in a string).
 pub fn refuses(key: &str, value: Option<&str>) -> Option<String> {

@@ -250,6 +250,7 @@ impl WindowOperator {
             Ok(fault) => self.reject(key, window, times, fault),
             Err(quarantined) => {
                 self.counters.quarantined += times.len() as u64;
+                self.taint(key, window);
                 let key = self.key_text(key);
                 self.rejected.push(Rejected { key, window, event_times: times, reason: quarantined });
             }

@@ -22,7 +22,7 @@ mod session;
 mod snapshot;
 
 use calls::new_batch;
-pub use deploy_watch::{Tally, JUDGED_AFTER, WATCHED_FOR, WINDOWS_JUDGED_AFTER};
+pub use deploy_watch::{Tally, JUDGED_AFTER, WATCHED_FOR, WINDOWS_JUDGED_AFTER, WINDOWS_WATCHED_FOR};
 use quarantine::Quarantine;
 pub use quarantine::{KeyFaults, DEFAULT_QUARANTINE_AFTER, QUARANTINE_LISTED};
 pub use results::push_key_part;
@@ -185,6 +185,11 @@ pub struct WindowOperator {
     faulted_windows: u64,
     /// Events the plugin took (in calls that succeeded).
     handed: u64,
+    /// Windows (key, start) the plugin failed on an event of, and how many there were;
+    /// windows dropped because it failed on every event of theirs.
+    tainted: std::collections::HashSet<(u32, i64), foldhash::fast::RandomState>,
+    tainted_windows: u64,
+    doomed_windows: u64,
     /// A plugin swapped in live, on probation.
     deploy_watch: Option<deploy_watch::DeployWatch>,
 }
@@ -246,6 +251,9 @@ impl WindowOperator {
             faulted_units: 0,
             faulted_windows: 0,
             handed: 0,
+            tainted: Default::default(),
+            tainted_windows: 0,
+            doomed_windows: 0,
             deploy_watch: None,
         }
     }
@@ -395,6 +403,7 @@ impl WindowOperator {
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
         if self.quarantine.holds(k) {
             self.counters.quarantined += 1;
+            self.taint(k, slot);
             return Ok(Verdict::Quarantined);
         }
         if slot.end <= wm {
@@ -441,6 +450,7 @@ impl WindowOperator {
         for (key, id) in std::mem::take(&mut self.doomed) {
             if self.state.acc(key, id).is_empty() && !self.batch.stages_group(key, id) {
                 self.drop_slot(key, id);
+                self.doomed_windows += 1;
             }
         }
     }

@@ -197,6 +197,9 @@ impl WindowOperator {
         let key = self.key_text(k);
         self.faulted_units += event_times.len().max(1) as u64;
         self.faulted_windows += event_times.is_empty() as u64;
+        if !event_times.is_empty() {
+            self.taint(k, window);
+        }
         if self.quarantine.fault(k, &reason) {
             let now = std::time::Instant::now();
             match &mut self.quarantine.logged {

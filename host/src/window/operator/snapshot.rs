@@ -59,6 +59,24 @@ impl WindowOperator {
         std::mem::replace(&mut self.plugin, plugin)
     }
 
+    /// Take the place of `old` (a shadow promoted over it), as an operator restored with
+    /// this plugin from a savepoint of `old` would stand: `old`'s counters (the job wrote
+    /// `old`'s results so far), the pipeline's fault handling `on_error` (a shadow
+    /// dead-letters whatever it says), no key quarantined (a shadow's faults were never the
+    /// job's). When `old` keeps an incremental backend's copy up to date, this operator
+    /// rewrites it whole at the next checkpoint: every slot of `old` deleted from it,
+    /// every slot of this one written.
+    pub fn take_place_of(&mut self, old: &mut WindowOperator, on_error: OnError) {
+        self.counters = old.counters.clone();
+        self.on_error = on_error;
+        self.quarantine.clear();
+        if let Some(mut removed) = old.removed.take() {
+            removed.extend(old.state.iter().map(|(k, id, _)| (old.keys.encoded(k).to_vec(), id)));
+            self.state.touch_all();
+            self.removed = Some(removed);
+        }
+    }
+
     /// Where the plugin's columns are in the decoder's projection (the decoder was rebuilt
     /// because another aggregation's plugin was swapped).
     pub fn set_columns(&mut self, column_slots: Vec<usize>) {

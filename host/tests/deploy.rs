@@ -356,6 +356,65 @@ fn a_live_deploy_that_fails_on_every_call_is_rolled_back_by_the_job() {
     assert!(out == reference, "the rolled-back run's output differs from a run that never deployed");
 }
 
+/// A job killed while a live deploy of a release that panics on every call is on
+/// probation (its swap checkpointed, the plugin not judged yet): the restart recovers into
+/// that release, goes on judging it from where the checkpoint left it, and rolls it back
+/// by itself; the deploy history survived the crash, and the output is that of a run that
+/// never deployed. A stop and resume of the rolled-back job keeps the history.
+#[test]
+fn probation_survives_a_sigkill_and_the_restarted_job_rolls_the_deploy_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = stream(60_000, 47);
+    let (first, rest) = split(&text, 30_000);
+    let (job, url, mut child) = started(dir.path(), "min-stock", &first);
+    wait_for_read(&url, 30_000);
+    let d = deploy(&url, "min-stock-trap");
+    assert_eq!(d["status"], "swapped", "{d}");
+    assert!(d["checkpoint"].is_string(), "{d}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, 30_000);
+    let history = || json(&call(&url, "GET", "/api/v1/deployments", None).unwrap().1);
+    assert_eq!(history().as_array().map(Vec::len), Some(1), "{}", history());
+    append(dir.path(), &rest);
+    wait_for("the restarted job rolls the deploy back", || history()[0]["status"] == "rolled_back");
+    assert_eq!(history()[0]["savepoint"], d["savepoint"]);
+    wait_for_read(&url, 60_000);
+    let status = json(&call(&url, "GET", "/api/v1/job", None).unwrap().1);
+    assert_eq!(status["aggregations"][0]["plugin_version"], "0.1.0", "{status}");
+
+    // Stopped with a savepoint and resumed from it: the history is still there.
+    let (code, body) = call(&url, "POST", "/api/v1/stop", Some(TOKEN)).unwrap();
+    assert_eq!(code, 200, "{body}");
+    ended(child);
+    let savepoint = json(&body)["savepoint"].as_str().unwrap().to_string();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = Command::new(common::km0())
+        .args(["run", "--follow", "--http", &format!("127.0.0.1:{port}"), "--from-savepoint", &savepoint])
+        .arg(&job)
+        .env("KM0_TOKEN", TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_read(&url, 60_000);
+    let history = json(&call(&url, "GET", "/api/v1/deployments", None).unwrap().1);
+    assert_eq!(history[0]["status"], "rolled_back", "{history}");
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    ended(child);
+
+    reference_run(dir.path(), &job);
+    assert!(
+        stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "ref"),
+        "the output differs from a run that never deployed"
+    );
+}
+
 /// Windows `from..to` of a hand-made stock stream: 20 products at one market, 10 updates
 /// each per 5-minute window, in time order (no event is late); the minimum of product `k`
 /// in window `w` is `(7k + 13w) % 30`.

@@ -26,6 +26,10 @@ pub(super) struct Ledger {
     /// The last live deploy, while the job may still roll it back.
     #[serde(default)]
     pub(super) watch: Option<Watch>,
+    /// The shadow that ran when the snapshot was taken (written by the snapshot, read
+    /// when a restart starts it again).
+    #[serde(default, skip_serializing)]
+    pub(super) shadow: Option<super::shadow::ShadowStatus>,
 }
 
 impl Ledger {

@@ -232,7 +232,45 @@ fn open<'p>(pipeline: &'p Pipeline, opts: &RunOptions, runtime: &PluginRuntime) 
         _ => None,
     };
     let plugins = load_plugins(pipeline, runtime, restore.as_ref().map(|r| &r.savepoint), None)?;
-    RunningJob::open(pipeline, opts, plugins, restore, Upgrade::Resume, t0)
+    let savepoint_dir = restore.as_ref().map(|r| r.savepoint.path.clone());
+    let mut job = RunningJob::open(pipeline, opts, plugins, restore, Upgrade::Resume, t0)?;
+    if let Some(saved) = job.shadow_to_resume.take() {
+        match shadow_deployment(pipeline, runtime, &saved, savepoint_dir.as_deref()) {
+            Ok(d) => job.resume_shadow(d, &saved),
+            Err(e) => {
+                tracing::warn!(deploy = saved.id, error = %e, "the shadow cannot run again; the job goes on without it")
+            }
+        }
+    }
+    Ok(job)
+}
+
+/// The plugins of a shadow a snapshot had running, from its component kept beside the
+/// job's checkpoints (or in the savepoint's folder), configured for the aggregations it
+/// shadowed.
+fn shadow_deployment(
+    pipeline: &Pipeline,
+    runtime: &PluginRuntime,
+    saved: &shadow::ShadowStatus,
+    savepoint: Option<&Path>,
+) -> Result<swap::Deployment> {
+    let t = Instant::now();
+    let mut dirs: Vec<&Path> = savepoint.into_iter().collect();
+    dirs.extend(pipeline.checkpoints.as_ref().map(|c| c.dir.as_path()));
+    let (component, path) = Component::find(&dirs, &saved.to.sha256).ok_or_else(|| {
+        Error::Usage(format!(
+            "the shadow's component {} is not kept with the job's checkpoints",
+            saved.to.sha256
+        ))
+    })?;
+    let label = path.display().to_string();
+    let mut plugins = Vec::new();
+    for (i, a) in
+        pipeline.aggregations.iter().enumerate().filter(|(_, a)| saved.aggregations.contains(&a.name))
+    {
+        plugins.push((i, runtime.load_bytes(&label, &component.bytes, &a.plugin.config, a.plugin.limits)?));
+    }
+    Ok(swap::Deployment { plugins, component, prepare: t.elapsed() })
 }
 
 /// What a run starts from.

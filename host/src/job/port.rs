@@ -67,7 +67,8 @@ impl LoopControl {
 
     /// The memory of the run whose snapshot this one restored: its history, and the
     /// deploy on probation, whose aggregations go on judging it from where they were.
-    pub(super) fn resume(&mut self, running: &mut RunningJob, ledger: Ledger) {
+    pub(super) fn resume(&mut self, running: &mut RunningJob, mut ledger: Ledger) {
+        running.shadow_to_resume = ledger.shadow.take();
         self.ledger = ledger;
         let watched = self.ledger.watch.as_ref().map(|w| (self.watched_ops(running, w), w.rate, w.kept));
         for i in 0..running.plugins().len() {

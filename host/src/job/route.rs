@@ -927,8 +927,19 @@ impl Job {
             snapshot_id: barrier.id,
             rows_cover_slots: true,
             session_ends_closed: true,
-            control: self.ledger.clone(),
+            control: self.control(),
         })
+    }
+
+    /// The control port's memory for a snapshot, with the shadow running now.
+    fn control(&self) -> Option<serde_json::Value> {
+        let mut control = self.ledger.clone();
+        if let (Some(serde_json::Value::Object(map)), Some(shadow)) = (control.as_mut(), &self.shadow) {
+            if let Ok(status) = serde_json::to_value(shadow.status()) {
+                map.insert("shadow".into(), status);
+            }
+        }
+        control
     }
 }
 

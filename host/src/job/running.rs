@@ -78,6 +78,9 @@ pub(super) struct RunningJob<'p> {
     rollback: Option<Rollback>,
     /// Why the job stops with a savepoint and fails (a tripped breaker that says so).
     halted: Option<String>,
+    /// The shadow the snapshot restored had running, to start again (see
+    /// [`super::shadow`]).
+    pub(super) shadow_to_resume: Option<super::shadow::ShadowStatus>,
 }
 
 impl<'p> RunningJob<'p> {
@@ -173,6 +176,7 @@ impl<'p> RunningJob<'p> {
             in_group: opts.committer.is_some(),
             rollback: None,
             halted: None,
+            shadow_to_resume: None,
         };
         if let Some(ledger) = ledger {
             if let Some(mut port) = running.port.take() {
@@ -570,6 +574,21 @@ impl<'p> RunningJob<'p> {
         let file = self.pipeline.savepoints.join(format!("shadow-{}-differences.jsonl", metrics::now_ms()));
         let at = self.records();
         self.job.start_shadow(self.pipeline, d, id, at, Some(file))
+    }
+
+    /// Start again the shadow the snapshot this job restored had running, with the
+    /// plugins of `d` (its component): its counts go on from the snapshot's.
+    pub(super) fn resume_shadow(&mut self, d: Deployment, saved: &super::shadow::ShadowStatus) {
+        let file = saved.differences_file.clone();
+        match self.job.start_shadow(self.pipeline, d, saved.id, saved.since_record, file) {
+            Ok(_) => {
+                self.job.resumed_shadow(saved);
+                tracing::info!(deploy = saved.id, "the shadow runs again (from the state restored)");
+            }
+            Err(e) => {
+                tracing::warn!(deploy = saved.id, reason = %e, "the shadow cannot run again; the job goes on without it")
+            }
+        }
     }
 
     /// Drop the shadow.

@@ -16,7 +16,10 @@
 //!   in every other way (rollback savepoint, checkpoint after it, automatic rollback).
 //!   Abandoned (`--abandon`), they are dropped.
 //!
-//! A shadow is not in checkpoints: a restart runs without it.
+//! A shadow is in the job's snapshots as its status (`control.shadow` in `savepoint.json`):
+//! a restart starts it again, from a copy of the state restored (not of the shadow's own,
+//! which snapshots do not hold) and its counts so far, with the component kept beside the
+//! job's checkpoints.
 
 use super::commands::Refused;
 use super::route::{fields_of, operator, Job};
@@ -26,7 +29,7 @@ use super::*;
 use crate::source::decode::Decoder;
 use crate::window::aggregator::Aggregator;
 use crate::window::operator::{Emitted, Snapshot, WindowOperator};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 
@@ -34,7 +37,7 @@ use std::io::Write;
 const RECENT_DIFFERENCES: usize = 5;
 
 /// What a shadow has found so far (the status's `shadow`).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ShadowStatus {
     /// The deploy it came with (its number in the deploy history).
     pub id: u64,
@@ -62,7 +65,7 @@ pub struct ShadowStatus {
 }
 
 /// One window whose results differ.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ShadowDifference {
     pub deploy: u64,
     pub aggregation: String,
@@ -403,6 +406,18 @@ impl Job {
             tainted: BTreeMap::new(),
         }));
         Ok(status)
+    }
+
+    /// A shadow restarted (see the module's text) takes the counts its status had.
+    pub(super) fn resumed_shadow(&mut self, saved: &ShadowStatus) {
+        if let Some(shadow) = self.shadow.as_mut() {
+            let s = &mut shadow.status;
+            (s.since_record, s.at_ms) = (saved.since_record, saved.at_ms);
+            (s.windows, s.equal, s.different, s.faulted) =
+                (saved.windows, saved.equal, saved.different, saved.faulted);
+            s.failed_events = saved.failed_events;
+            shadow.recent = saved.recent_differences.iter().cloned().collect();
+        }
     }
 
     /// Drop the shadow (abandoned): the decoder reads what the current plugins need again.

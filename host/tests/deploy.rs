@@ -527,3 +527,57 @@ fn a_shadow_deploy_reports_the_windows_it_would_change_and_promotes_like_an_offl
         "the promoted shadow's output differs from the offline deploy's"
     );
 }
+
+/// A shadow is in the job's checkpoints: killed while min-stock-strict runs as a shadow of
+/// min-stock 0.1, the job restarts with the shadow running again and its counts kept; the
+/// differences are exactly the windows, fired before and after the crash, whose minimum
+/// is in [10, 15); promoted, the output is that of an offline deploy at the promotion's
+/// record.
+#[test]
+fn a_shadow_runs_again_after_a_sigkill_and_promotes_like_an_offline_deploy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, url, mut child) = started(dir.path(), "min-stock", &windows_of_stock(0, 10));
+    wait_for_read(&url, 2_000);
+    let strict = std::fs::read(plugin("min-stock-strict")).unwrap();
+    let (code, body) = send(&url, "POST", "/api/v1/deployments?shadow=true", Some(TOKEN), &strict).unwrap();
+    assert_eq!(code, 200, "{body}");
+    append(dir.path(), &windows_of_stock(10, 16));
+    wait_for_read(&url, 3_200);
+    let shadow_of = |url: &str| json(&call(url, "GET", "/api/v1/shadow", None).unwrap().1);
+    wait_for("the shadow fires windows 9..=14", || shadow_of(&url)["windows"] == 6 * 20);
+    // A checkpoint (every 300 ms) after the firing.
+    std::thread::sleep(std::time::Duration::from_millis(1_000));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, 3_200);
+    let s = shadow_of(&url);
+    assert_eq!((s["windows"].clone(), s["to"]["version"].clone()), (120.into(), "0.1.1".into()), "{s}");
+    append(dir.path(), &windows_of_stock(16, 26));
+    wait_for_read(&url, 5_200);
+    wait_for("the shadow fires windows 15..=24", || shadow_of(&url)["windows"] == 16 * 20);
+    let s = shadow_of(&url);
+    let want = (9..25i64)
+        .flat_map(|w| (0..20i64).map(move |k| (w, k)))
+        .filter(|&(w, k)| (10..15).contains(&((7 * k + 13 * w) % 30)))
+        .count();
+    assert_eq!(s["different"], want, "{s}");
+    assert_eq!((s["equal"].clone(), s["faulted"].clone()), ((320 - want).into(), 0.into()), "{s}");
+
+    let out = km0(&["deploy", "--promote", "--job", &url, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!((d["status"].clone(), d["at_record"].clone()), ("promoted".into(), 5_200.into()), "{d}");
+    append(dir.path(), &windows_of_stock(26, 36));
+    wait_for_read(&url, 7_200);
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    ended(child);
+    offline_deploy_of(dir.path(), &job, 5_200, "min-stock-strict");
+    assert!(
+        stock_outputs(dir.path(), "out") == stock_outputs(dir.path(), "off"),
+        "the promoted shadow's output differs from the offline deploy's"
+    );
+}

@@ -934,8 +934,11 @@ impl Job {
     /// The control port's memory for a snapshot, with the shadow running now.
     fn control(&self) -> Option<serde_json::Value> {
         let mut control = self.ledger.clone();
-        if let (Some(serde_json::Value::Object(map)), Some(shadow)) = (control.as_mut(), &self.shadow) {
-            if let Ok(status) = serde_json::to_value(shadow.status()) {
+        if let Some(shadow) = &self.shadow {
+            let control = control.get_or_insert_with(|| serde_json::Value::Object(Default::default()));
+            if let (serde_json::Value::Object(map), Ok(status)) =
+                (control, serde_json::to_value(shadow.status()))
+            {
                 map.insert("shadow".into(), status);
             }
         }

@@ -53,6 +53,17 @@ impl Tally {
             failed_windows: self.failed_windows + other.failed_windows,
             windows: self.windows + other.windows,
         }
+        .whole()
+    }
+
+    /// What was failed on was given: a window failed on an event of counts as given
+    /// before it fires (differences of two tallies may have it failed and not fired yet).
+    fn whole(self) -> Tally {
+        Tally {
+            events: self.events.max(self.failed_events),
+            windows: self.windows.max(self.failed_windows),
+            ..self
+        }
     }
 }
 
@@ -194,7 +205,7 @@ impl WindowOperator {
                     marks.pop_front();
                 }
             }
-            let t = marks.front().map_or(Tally::default(), |m| now.since(*m));
+            let t = marks.front().map_or(Tally::default(), |m| now.since(*m).whole());
             if too_many(t.failed_events, t.events, (events / 2).max(JUDGED_AFTER), rate)
                 || too_many(t.failed_windows, t.windows, WINDOWS_JUDGED_AFTER, rate)
             {

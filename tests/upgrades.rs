@@ -214,6 +214,10 @@ enum Scenario {
     Promote,
     /// A live deploy of min-stock-trap, rolled back by the job.
     Rollback,
+    /// A live deploy of min-stock-flaky (alerts of its own, fails on 60% of the
+    /// products): kept by its probation (`rollback_fault_rate = 0.7`), rolled back by its
+    /// circuit breaker (`breaker_fault_rate = 0.5`) after it wrote results of its own.
+    Breaker,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,6 +307,7 @@ kind = "tumbling"
 size = "5m"
 [plugin]
 path = {plugin:?}
+{probation}
 [plugin.config]
 threshold = 10
 [sink]
@@ -320,6 +325,10 @@ interval = "300ms"
 "#,
             name = self.name,
             plugin = plugin("min-stock").display().to_string(),
+            probation = match self.scenario {
+                Scenario::Breaker => "rollback_fault_rate = 0.7\nbreaker_fault_rate = 0.5",
+                _ => "",
+            },
         );
         let path = self.dir.path().join(format!("{out}.toml"));
         std::fs::write(&path, text).unwrap();
@@ -433,6 +442,7 @@ fn matrix(scenario: Scenario, backend: Backend) {
             let outcome = catch_unwind(AssertUnwindSafe(|| match scenario {
                 Scenario::Promote => promote_cell(&cell),
                 Scenario::Rollback => rollback_cell(&cell),
+                Scenario::Breaker => breaker_cell(&cell),
             }));
             let failures = match outcome {
                 Ok(f) => f,
@@ -632,6 +642,94 @@ fn rollback_cell(cell: &Cell) -> Vec<String> {
     ok(&km0(&["run", "--http", "off", &cell.file_pipeline("ref").to_string_lossy()]), "the reference run");
     cell.compare("ref", &mut failures);
     failures
+}
+
+/// Scenario B in one cell: min-stock runs; after 2 000 records min-stock-flaky is deployed
+/// live; 12 000 more: it passes its probation (it fails on 60% of the events and windows,
+/// under the 70% allowed) and writes alerts of its own (below 15) for the products it does
+/// not fail on, checkpointed; 6 000 more: it trips its breaker (over 50% of its last 5 000
+/// events at least) and the job rolls it back, taking every sink back to the deploy's
+/// savepoint; the continuation; 2 000 more, drained.
+/// The reference: a run of the whole input that never deployed anything, so every alert of
+/// min-stock-flaky's own must be gone from the sinks.
+fn breaker_cell(cell: &Cell) -> Vec<String> {
+    let mut failures = Vec::new();
+    prepare_sink(cell);
+    std::fs::write(cell.input(), windows_of_stock(0, 10)).unwrap();
+    let job = cell.pipeline("out", &cell.sink_section());
+    let mut live = Job::follow(&job, &[], cell.log(1));
+    live.wait_read(2_000);
+    let out = km0(&["deploy", &plugin("min-stock-flaky").to_string_lossy(), "--job", &live.url, "--json"]);
+    ok(&out, "km0 deploy min-stock-flaky");
+    let d = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        (d["status"].clone(), d["rollback_fault_rate"].clone()),
+        ("swapped".into(), 0.7.into()),
+        "{d}"
+    );
+    // Past its probation (10 000 events and 100 windows) in this part; its results reach
+    // the sinks with the checkpoints (every 300 ms) before the next part trips its breaker.
+    append(&cell.input(), &windows_of_stock(10, 70));
+    live.wait_read(14_000);
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(live.history()[0]["status"], "swapped", "{}", live.history());
+    if cell.sink == Sink::Postgres {
+        // Committed with the epochs of its checkpoints: the rollback must delete them.
+        let own = cell.pg.query(&format!(
+            "SELECT count(*)::text FROM {} WHERE (value->>'stock_minimo')::int >= 10",
+            cell.table()
+        ));
+        let own: u64 = own[0][0].parse().unwrap();
+        assert!(own > 0, "min-stock-flaky committed no alert of its own before its breaker tripped");
+        eprintln!("  {}: {own} alerts of min-stock-flaky's own were committed, then undone", cell.label());
+    }
+    append(&cell.input(), &windows_of_stock(70, 100));
+    let t = Instant::now();
+    while live.history()[0]["status"] != "rolled_back" {
+        assert!(live.alive(), "the job exited: {}", tail(&live.log_text()));
+        assert!(t.elapsed() < WAIT, "the job did not roll the deploy back: {}", live.history());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let reason = live.history()[0]["reason"].as_str().unwrap_or_default().to_string();
+    if !reason.contains("circuit breaker") {
+        failures.push(format!("the deploy was not rolled back by its breaker: {reason:?}"));
+    }
+    eprintln!("  {}: {reason}", cell.label());
+    live.wait_read(20_000);
+    let version = live.plugin_version();
+    if version != "0.1.0" {
+        failures.push(format!("after the rollback the job runs plugin {version}, not 0.1.0"));
+    }
+    if cell.sink == Sink::Kafka {
+        // The flaky release wrote alerts of its own (below 15) before its breaker tripped:
+        // the topic holds them, and their tombstones.
+        let written = cell.tansu.read_all(&cell.name);
+        let own = written
+            .iter()
+            .filter(|r| {
+                serde_json::from_slice::<serde_json::Value>(&r.value)
+                    .is_ok_and(|v| v["stock_minimo"].as_i64().is_some_and(|m| m >= 10))
+            })
+            .count();
+        assert!(own > 0, "min-stock-flaky wrote no alert of its own before its breaker tripped");
+        eprintln!("  {}: {own} alerts of min-stock-flaky's own were written, then undone", cell.label());
+    }
+
+    let mut next = continue_job(cell, live, &job, 20_000, &windows_of_stock(100, 110), 22_000);
+    let version = next.plugin_version();
+    if version != "0.1.0" {
+        failures.push(format!("after the {:?} the job runs plugin {version}, not 0.1.0", cell.continuation));
+    }
+    next.stop("drain");
+    next.ended();
+    ok(&km0(&["run", "--http", "off", &cell.file_pipeline("ref").to_string_lossy()]), "the reference run");
+    cell.compare("ref", &mut failures);
+    failures
+}
+
+#[test]
+fn a_deploy_that_trips_its_breaker_is_rolled_back_and_undone_in_every_sink() {
+    matrix(Scenario::Breaker, Backend::Rocksdb);
 }
 
 #[test]

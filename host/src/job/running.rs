@@ -221,9 +221,13 @@ impl<'p> RunningJob<'p> {
     /// Leave this run for the one that goes on from a rollback savepoint: the snapshot
     /// being written completes, the status says so, and the sinks are dropped as a crash
     /// would drop them (the run restored from the savepoint rewrites what came after it,
-    /// as recovery does).
+    /// as recovery does), a Kafka producer flushed first (the rewind then finds in the
+    /// topic all that the rolled-back run sent).
     pub(super) fn into_rollback(mut self) -> Result<Rollback> {
         self.complete_snapshot(true)?;
+        if let Some(out) = self.job.output.as_mut() {
+            out.settle()?;
+        }
         if let Some(mut port) = self.port.take() {
             port.publish(&self, true);
             port.send_answers();

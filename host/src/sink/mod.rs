@@ -311,6 +311,17 @@ impl ResultSink {
         }
     }
 
+    /// Make what was sent so far acknowledged (a Kafka topic's producer flushed), without
+    /// committing anything: before a rollback, so that what the rolled-back run wrote is
+    /// all in the topic when the rewind reads it back (a producer dropped with records
+    /// queued could deliver some after the rewind).
+    pub fn settle(&mut self) -> Result<()> {
+        match self {
+            ResultSink::Kafka(s) => s.barrier(),
+            ResultSink::Jsonl(_) | ResultSink::Postgres(_) => Ok(()),
+        }
+    }
+
     /// Where this sink stands now, just after the barrier of snapshot `snapshot`: the
     /// point a rollback takes it back to.
     pub fn rewind_point(&self, snapshot: &str) -> Result<RewindPoint> {

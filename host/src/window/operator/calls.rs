@@ -86,10 +86,7 @@ impl WindowOperator {
             self.plugin.add(&self.batch.groups, &self.batch.events)
         };
         let accs = match called {
-            Ok(accs) => {
-                self.handed += self.batch.events.event_time.len() as u64;
-                accs
-            }
+            Ok(accs) => accs,
             Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
                 tracing::warn!(error = %e, "plugin fault: isolating the groups of the batch");
                 self.plugin.reset()?;
@@ -117,7 +114,6 @@ impl WindowOperator {
             let (g, ev) = self.batch.subset(rest);
             match self.plugin.add(&g, &ev) {
                 Ok(accs) => {
-                    self.handed += ev.event_time.len() as u64;
                     for (j, &i) in rest.iter().enumerate() {
                         let (key, id) = groups[i];
                         self.hold(i, key, id);
@@ -203,7 +199,6 @@ impl WindowOperator {
             let (g, ev) = self.batch.subset(&[i]);
             match self.plugin.add(&g, &ev) {
                 Ok(acc) => {
-                    self.handed += ev.event_time.len() as u64;
                     if self.quarantine.any() {
                         self.quarantine.passed(key);
                     }
@@ -250,7 +245,7 @@ impl WindowOperator {
             Ok(fault) => self.reject(key, window, times, fault),
             Err(quarantined) => {
                 self.counters.quarantined += times.len() as u64;
-                self.taint(key, window);
+                self.taint(key, window, false);
                 let key = self.key_text(key);
                 self.rejected.push(Rejected { key, window, event_times: times, reason: quarantined });
             }

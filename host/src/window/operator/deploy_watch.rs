@@ -2,10 +2,11 @@
 //! the new plugin fails on against those it is given, and judges events and windows apart
 //! (a plugin that fails in every `finish` loses every result while taking every event).
 //!
-//! - Events given: those handed to it in calls that succeeded, and those it failed on
+//! - Events given: those it took (counted when they reach their window, as failures are:
+//!   a batch not handed over yet weighs as much as its failures), and those it failed on
 //!   (dead-lettered for a fault, or for their key's quarantine).
-//! - Windows given: those fired, and those dropped because it failed on every event of
-//!   theirs; failed: those whose result it failed on, and those it failed on an event of
+//! - Windows given: those fired, those dropped because it failed on every event of theirs,
+//!   and those of quarantined keys (whose events open no slot); failed: those whose result it failed on, and those it failed on an event of
 //!   (a window that lost an event to a fault has a wrong result, whatever `finish` says).
 //!
 //! Once it has been given [`JUDGED_AFTER`] events or [`WINDOWS_JUDGED_AFTER`] windows and
@@ -110,20 +111,23 @@ impl WindowOperator {
         let failed_windows = self.faulted_windows + self.tainted_windows;
         Tally {
             failed_events,
-            events: self.handed + failed_events,
+            events: self.counters.accepted + failed_events,
             failed_windows,
-            windows: (self.counters.windows_fired + self.doomed_windows).max(failed_windows),
+            windows: (self.counters.windows_fired + self.doomed_windows + self.slotless_windows)
+                .max(failed_windows),
         }
     }
 
     /// The plugin failed on an event of window `window` of key `k`: the window counts as
-    /// failed (once).
-    pub(super) fn taint(&mut self, k: u32, window: Window) {
+    /// failed (once); `slotless`: the event opened no slot (its key is quarantined), so
+    /// the window counts as given too (it will not fire, nor be dropped).
+    pub(super) fn taint(&mut self, k: u32, window: Window, slotless: bool) {
         if self.tainted.len() >= TAINTED_KEPT {
             self.tainted.clear();
         }
         if self.tainted.insert((k, window.start)) {
             self.tainted_windows += 1;
+            self.slotless_windows += slotless as u64;
         }
     }
 
@@ -206,8 +210,11 @@ impl WindowOperator {
                 }
             }
             let t = marks.front().map_or(Tally::default(), |m| now.since(*m).whole());
-            if too_many(t.failed_events, t.events, (events / 2).max(JUDGED_AFTER), rate)
-                || too_many(t.failed_windows, t.windows, WINDOWS_JUDGED_AFTER, rate)
+            // Judged once the marks span half of its events at least.
+            let judged = t.events >= (events / 2).max(JUDGED_AFTER);
+            if judged
+                && (too_many(t.failed_events, t.events, 0, rate)
+                    || too_many(t.failed_windows, t.windows, WINDOWS_JUDGED_AFTER, rate))
             {
                 tracing::error!(aggregation = %self.name, ?t, "the deployed plugin tripped its circuit breaker");
                 w.failed = Some(t);

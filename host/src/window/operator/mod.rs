@@ -183,13 +183,13 @@ pub struct WindowOperator {
     /// them the windows.
     faulted_units: u64,
     faulted_windows: u64,
-    /// Events the plugin took (in calls that succeeded).
-    handed: u64,
     /// Windows (key, start) the plugin failed on an event of, and how many there were;
     /// windows dropped because it failed on every event of theirs.
     tainted: std::collections::HashSet<(u32, i64), foldhash::fast::RandomState>,
     tainted_windows: u64,
     doomed_windows: u64,
+    /// Windows of quarantined keys' events (no slot opened) first tainted.
+    slotless_windows: u64,
     /// A plugin swapped in live, on probation.
     deploy_watch: Option<deploy_watch::DeployWatch>,
 }
@@ -250,10 +250,10 @@ impl WindowOperator {
             isolate_next: false,
             faulted_units: 0,
             faulted_windows: 0,
-            handed: 0,
             tainted: Default::default(),
             tainted_windows: 0,
             doomed_windows: 0,
+            slotless_windows: 0,
             deploy_watch: None,
         }
     }
@@ -403,7 +403,7 @@ impl WindowOperator {
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
         if self.quarantine.holds(k) {
             self.counters.quarantined += 1;
-            self.taint(k, slot);
+            self.taint(k, slot, true);
             return Ok(Verdict::Quarantined);
         }
         if slot.end <= wm {

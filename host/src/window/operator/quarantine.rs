@@ -198,7 +198,7 @@ impl WindowOperator {
         self.faulted_units += event_times.len().max(1) as u64;
         self.faulted_windows += event_times.is_empty() as u64;
         if !event_times.is_empty() {
-            self.taint(k, window);
+            self.taint(k, window, false);
         }
         if self.quarantine.fault(k, &reason) {
             let now = std::time::Instant::now();

@@ -132,10 +132,7 @@ impl WindowOperator {
         self.placed_slots = placed;
         self.batch.assemble_slots(windows.iter().map(|&(k, _, (id, h))| (k, id, h)), &self.keys, &self.state);
         let emitted = match self.plugin.add_and_finish(&mut self.batch.groups, &self.batch.events) {
-            Ok(e) => {
-                self.handed += self.batch.events.event_time.len() as u64;
-                e
-            }
+            Ok(e) => e,
             Err(e @ Error::PluginCall { .. }) if self.on_error == OnError::DeadLetter => {
                 tracing::warn!(error = %e, "plugin fault in add-and-finish: handing over and finishing apart");
                 self.plugin.reset()?;

@@ -73,7 +73,7 @@ impl WindowOperator {
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
         if self.quarantine.holds(k) {
             self.counters.quarantined += 1;
-            self.taint(k, own);
+            self.taint(k, own, true);
             return Ok(Verdict::Quarantined);
         }
         // The merged window, the earliest overlapping session and how many overlap.

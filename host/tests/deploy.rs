@@ -581,3 +581,37 @@ fn a_shadow_runs_again_after_a_sigkill_and_promotes_like_an_offline_deploy() {
         "the promoted shadow's output differs from the offline deploy's"
     );
 }
+
+/// `on_breaker = "stop"`: a live deploy of a release that fails on 60% of the products
+/// passes its probation (`rollback_fault_rate = 0.7`), then trips its breaker
+/// (`breaker_fault_rate = 0.5`): the job stops by itself with a savepoint and fails with a
+/// reason that names the breaker and the savepoint.
+#[test]
+fn a_tripped_breaker_that_says_stop_stops_the_job_with_a_savepoint() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), windows_of_stock(0, 10)).unwrap();
+    let job = pipeline(dir.path(), "min-stock");
+    let text = std::fs::read_to_string(&job).unwrap().replace(
+        "[plugin.config]",
+        "rollback_fault_rate = 0.7\nbreaker_fault_rate = 0.5\non_breaker = \"stop\"\n[plugin.config]",
+    );
+    std::fs::write(&job, text).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, 2_000);
+    let d = deploy(&url, "min-stock-flaky");
+    assert_eq!(d["status"], "swapped", "{d}");
+    append(dir.path(), &windows_of_stock(10, 100));
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the job went on: {err}");
+    assert!(err.contains("stopped by the job") && err.contains("circuit breaker"), "{err}");
+    let savepoint = err
+        .split("(savepoint: ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .unwrap_or_else(|| panic!("no savepoint named: {err}"));
+    let meta = json(&std::fs::read_to_string(Path::new(savepoint).join("savepoint.json")).unwrap());
+    assert_eq!(meta["operators"][0]["plugin"]["version"], "0.1.2", "{meta}");
+}

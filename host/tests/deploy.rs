@@ -519,7 +519,14 @@ fn a_shadow_deploy_reports_the_windows_it_would_change_and_promotes_like_an_offl
     append(dir.path(), &windows_of_stock(26, 36));
     wait_for_read(&url, 7_200);
     assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
-    ended(child);
+    let err = ended(child);
+    // The promoted operator counts on from the current one's counters: the summary's
+    // results and late events are the lines the files hold.
+    let lines =
+        |name: &str| std::fs::read_to_string(dir.path().join("out").join(name)).unwrap().lines().count();
+    let summary = err.lines().find(|l| l.starts_with("km0: read ")).unwrap_or_else(|| panic!("{err}"));
+    assert!(summary.ends_with(&format!("{} results emitted", lines("alertas.jsonl"))), "{summary}");
+    assert!(summary.contains(&format!(" {} late,", lines("late.jsonl"))), "{summary}");
     offline_deploy_of(dir.path(), &job, 5_200, "min-stock-strict");
     let live = stock_outputs(dir.path(), "out");
     assert!(
@@ -614,4 +621,97 @@ fn a_tripped_breaker_that_says_stop_stops_the_job_with_a_savepoint() {
         .unwrap_or_else(|| panic!("no savepoint named: {err}"));
     let meta = json(&std::fs::read_to_string(Path::new(savepoint).join("savepoint.json")).unwrap());
     assert_eq!(meta["operators"][0]["plugin"]["version"], "0.1.2", "{meta}");
+}
+
+/// The shadow's verdict counts every window it failed on, in `add` as in `finish`, and
+/// adds up. min-stock-flaky (fails in `add` on 12 of the 20 products, alerts below 15) as a
+/// shadow from record 2 000, windows 9..=14 fired meanwhile: window 9's events all came
+/// before the shadow (its state is a copy of the current one's), so its 20 windows are
+/// compared on their results; in windows 10..=14 the 12 products it fails on are faulted
+/// and the 8 others compared. Different: the compared windows whose minimum is in [10, 15).
+/// Then min-stock-trap (fails on every call) from record 3 200, windows 15..=20 fired: every
+/// window faulted, none different or equal.
+#[test]
+fn a_shadows_verdict_counts_the_windows_it_failed_on_in_add_and_in_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_job, url, child) = started(dir.path(), "min-stock", &windows_of_stock(0, 10));
+    wait_for_read(&url, 2_000);
+    let shadow = || json(&call(&url, "GET", "/api/v1/shadow", None).unwrap().1);
+    let start = |name: &str| {
+        let bytes = std::fs::read(plugin(name)).unwrap();
+        let (code, body) =
+            send(&url, "POST", "/api/v1/deployments?shadow=true", Some(TOKEN), &bytes).unwrap();
+        assert_eq!(code, 200, "{body}");
+    };
+    let minimum = |w: i64, k: i64| (7 * k + 13 * w) % 30;
+    let fails = |k: i64| (2..=7).contains(&k) || (11..=16).contains(&k);
+
+    start("min-stock-flaky");
+    append(dir.path(), &windows_of_stock(10, 16));
+    wait_for_read(&url, 3_200);
+    wait_for("the flaky shadow compares windows 9..=14", || shadow()["windows"] == 120);
+    let compared: Vec<(i64, i64)> = (9..15i64)
+        .flat_map(|w| (0..20i64).map(move |k| (w, k)))
+        .filter(|&(w, k)| w == 9 || !fails(k))
+        .collect();
+    let different = compared.iter().filter(|&&(w, k)| (10..15).contains(&minimum(w, k))).count();
+    let s = shadow();
+    assert_eq!(
+        (s["faulted"].clone(), s["different"].clone(), s["equal"].clone()),
+        (60.into(), different.into(), (compared.len() - different).into()),
+        "{s}"
+    );
+    // The events of windows 10..=15 of the 12 products it fails on (faulted or quarantined).
+    assert_eq!(s["failed_events"], 6 * 12 * 10, "{s}");
+    let out = km0(&["deploy", "--abandon", "--job", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    start("min-stock-trap");
+    append(dir.path(), &windows_of_stock(16, 22));
+    wait_for_read(&url, 4_400);
+    wait_for("the trap's shadow judges windows 15..=20", || shadow()["windows"] == 120);
+    let s = shadow();
+    assert_eq!(
+        (s["faulted"].clone(), s["different"].clone(), s["equal"].clone()),
+        (120.into(), 0.into(), 0.into()),
+        "{s}"
+    );
+    assert_eq!(s["failed_events"], 6 * 200, "{s}");
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    ended(child);
+}
+
+/// A promoted shadow runs with the pipeline's own fault handling: with `on_error = "fail"`
+/// the shadow of min-stock-flaky dead-letters its faults and the job goes on; promoted,
+/// its next fault fails the job, as min-stock-flaky deployed offline would.
+#[test]
+fn a_promoted_shadow_fails_the_job_when_the_pipeline_says_on_error_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), windows_of_stock(0, 10)).unwrap();
+    let job = pipeline(dir.path(), "min-stock");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("[plugin.config]", "on_error = \"fail\"\n[plugin.config]");
+    std::fs::write(&job, text).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, 2_000);
+    let flaky = std::fs::read(plugin("min-stock-flaky")).unwrap();
+    let (code, body) = send(&url, "POST", "/api/v1/deployments?shadow=true", Some(TOKEN), &flaky).unwrap();
+    assert_eq!(code, 200, "{body}");
+    append(dir.path(), &windows_of_stock(10, 12));
+    wait_for_read(&url, 2_400);
+    let shadow = || json(&call(&url, "GET", "/api/v1/shadow", None).unwrap().1);
+    wait_for("the shadow fails on events", || shadow()["failed_events"].as_u64().is_some_and(|n| n > 0));
+    // The swap's checkpoint hands the staged rows to the promoted plugin: the promotion
+    // is answered with the fault that failed the job, or the job fails at its next rows.
+    let promoted = km0(&["deploy", "--promote", "--job", &url, "--json"]);
+    let said = String::from_utf8_lossy(&promoted.stderr).to_string();
+    assert!(promoted.status.success() || said.contains("fails on product"), "{said}");
+    append(dir.path(), &windows_of_stock(12, 14));
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the job went on after a fault with on_error = \"fail\": {err}");
+    assert!(err.contains("min-stock 0.1.2 fails on product"), "{err}");
 }

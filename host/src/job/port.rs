@@ -198,6 +198,13 @@ impl LoopControl {
     pub(super) fn serve(&mut self, running: &mut RunningJob) -> Result<Option<(StopMode, StopReply)>> {
         // After a command, the status shows its effect at once.
         let (acted, served) = self.take_commands(running);
+        if let Err(e) = &served {
+            // The job fails (the new plugin's first fault with `on_error = "fail"`, say): the
+            // deploy is answered with why.
+            if let Some(p) = self.pending.take() {
+                self.answer(p.reply, Err(Refused::Failed(format!("the job failed after the swap: {e}"))));
+            }
+        }
         if let Some(r) = self.judge_deploy(running) {
             running.roll_back_to(r);
         }

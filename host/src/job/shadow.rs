@@ -212,11 +212,20 @@ impl Shadow {
             .filter(|(id, &end)| over_at(end) && !windows.contains(id))
             .map(|(id, _)| id.clone())
             .collect();
-        // Windows the shadow fired that no result shows (neither side wrote one).
+        // Windows the shadow fired that no result shows (neither side wrote one): those it
+        // fired are the ones it wrote or failed a result for, and those only the current
+        // plugin wrote a result for that it failed no event of (it had them all).
         let shown = theirs.len()
             + finish_faulted.iter().filter(|id| !theirs.contains_key(*id)).count()
-            + ours.keys().filter(|id| !theirs.contains_key(*id) && !finish_faulted.contains(*id)).count();
-        let silent = fired.saturating_sub((shown + over.len()) as u64);
+            + ours
+                .keys()
+                .filter(|id| {
+                    !theirs.contains_key(*id)
+                        && !finish_faulted.contains(*id)
+                        && !self.tainted.contains_key(*id)
+                })
+                .count();
+        let silent = fired.saturating_sub(shown as u64);
         let (mut equal, mut faulted) = (silent, over.len() as u64);
         let mut differences = Vec::new();
         for id in windows {
@@ -346,6 +355,7 @@ impl Job {
             let mut op = operator(pipeline, i, plugin, cols);
             // A fault of the new plugin never stops the job (whatever `on_error` says).
             op.set_on_error(crate::plugin::OnError::DeadLetter);
+            op.keep_quarantined_events();
             if old.state_schema != new.state_schema {
                 op.migrate(old.state_schema, &mut snap)
                     .map_err(|e| Refused::from(upgrade::migration_failed(&old, &new, e)))?;

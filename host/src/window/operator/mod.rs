@@ -159,6 +159,9 @@ pub struct WindowOperator {
     /// Scratch of [`Self::emit_panes`]: the panes' accumulators of a call.
     pane_accs: Packed,
     counters: OperatorCounters,
+    /// A quarantined key's events are kept with the rejected ones (a shadow's operator,
+    /// whose events no route dead-letters): see [`Self::reject_quarantined`].
+    rejects_quarantined: bool,
     /// Slots removed since the last checkpoint (encoded key, slot id), when a backend
     /// keeps an incremental copy.
     removed: Option<Vec<(Vec<u8>, i64)>>,
@@ -240,6 +243,7 @@ impl WindowOperator {
             panes_paused: 0,
             pane_accs: crate::plugin::empty_packed(),
             counters: OperatorCounters::default(),
+            rejects_quarantined: false,
             removed: None,
             on_error: OnError::default(),
             rejected: Vec::new(),
@@ -265,6 +269,22 @@ impl WindowOperator {
     /// What a plugin fault does (default: dead-letter the affected events).
     pub fn set_on_error(&mut self, on_error: OnError) {
         self.on_error = on_error;
+    }
+
+    /// Keep the events of quarantined keys with the rejected ones ([`Self::take_rejected`]):
+    /// a shadow's operator, which counts what its plugin failed on, window by window.
+    pub fn keep_quarantined_events(&mut self) {
+        self.rejects_quarantined = true;
+    }
+
+    /// An event of quarantined key `k` at time `t` for slot `slot`, kept with the rejected
+    /// ones when this operator keeps them.
+    fn reject_quarantined(&mut self, k: u32, slot: Window, t: i64) {
+        if self.rejects_quarantined {
+            let key = self.key_text(k);
+            let reason = self.quarantine.reason(k);
+            self.rejected.push(Rejected { key, window: slot, event_times: vec![t], reason });
+        }
     }
 
     #[inline]
@@ -404,6 +424,7 @@ impl WindowOperator {
         if self.quarantine.holds(k) {
             self.counters.quarantined += 1;
             self.taint(k, slot, true);
+            self.reject_quarantined(k, slot, t);
             return Ok(Verdict::Quarantined);
         }
         if slot.end <= wm {

@@ -74,6 +74,7 @@ impl WindowOperator {
         if self.quarantine.holds(k) {
             self.counters.quarantined += 1;
             self.taint(k, own, true);
+            self.reject_quarantined(k, own, t);
             return Ok(Verdict::Quarantined);
         }
         // The merged window, the earliest overlapping session and how many overlap.

@@ -478,6 +478,35 @@ fn matrix(scenario: Scenario, backend: Backend) {
     assert!(failed.is_empty(), "{} of {} cells failed:\n{}", failed.len(), report.len(), failed.join("\n"));
 }
 
+/// The cell's job under test started on `first` (its Kafka sink's topic created), once
+/// it has read its `records`.
+fn start(cell: &Cell, first: impl AsRef<[u8]>, records: u64) -> (PathBuf, Job) {
+    prepare_sink(cell);
+    std::fs::write(cell.input(), first).unwrap();
+    let job = cell.pipeline("out", &cell.sink_section());
+    let mut live = Job::follow(&job, &[], cell.log(1));
+    live.wait_read(records);
+    (job, live)
+}
+
+/// Wait until the job rolls its deploy back by itself: the reason its history gives.
+fn rolled_back(live: &mut Job) -> String {
+    let t = Instant::now();
+    while live.history()[0]["status"] != "rolled_back" {
+        assert!(live.alive(), "the job exited: {}", tail(&live.log_text()));
+        assert!(t.elapsed() < WAIT, "the job did not roll the deploy back: {}", live.history());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    live.history()[0]["reason"].as_str().unwrap_or_default().to_string()
+}
+
+/// A failure unless the job runs plugin version `want` after `when`.
+fn runs(version: String, want: &str, when: &str, failures: &mut Vec<String>) {
+    if version != want {
+        failures.push(format!("after {when} the job runs plugin {version}, not {want}"));
+    }
+}
+
 /// Create the cell's topic (the Kafka sink's).
 fn prepare_sink(cell: &Cell) {
     if cell.sink == Sink::Kafka {
@@ -517,11 +546,7 @@ fn continue_job(cell: &Cell, mut first: Job, job: &Path, read_before: u64, rest:
 /// promotion's record, then an offline deploy of min-stock-strict from it.
 fn promote_cell(cell: &Cell) -> Vec<String> {
     let mut failures = Vec::new();
-    prepare_sink(cell);
-    std::fs::write(cell.input(), windows_of_stock(0, 10)).unwrap();
-    let job = cell.pipeline("out", &cell.sink_section());
-    let mut live = Job::follow(&job, &[], cell.log(1));
-    live.wait_read(2_000);
+    let (job, mut live) = start(cell, windows_of_stock(0, 10), 2_000);
 
     let strict = std::fs::read(plugin("min-stock-strict")).unwrap();
     let (code, body) =
@@ -538,18 +563,12 @@ fn promote_cell(cell: &Cell) -> Vec<String> {
     assert_eq!(promoted["status"], "promoted", "{promoted}");
     assert_eq!(promoted["to"]["version"], "0.1.1", "{promoted}");
     let at = promoted["at_record"].as_u64().unwrap_or_else(|| panic!("no at_record: {promoted}"));
-    let version = live.plugin_version();
-    if version != "0.1.1" {
-        failures.push(format!("after the promotion the job runs plugin {version}, not 0.1.1"));
-    }
+    runs(live.plugin_version(), "0.1.1", "the promotion", &mut failures);
     append(&cell.input(), &windows_of_stock(20, 25));
     live.wait_read(5_000);
 
     let mut next = continue_job(cell, live, &job, 5_000, &windows_of_stock(25, 30), 6_000);
-    let version = next.plugin_version();
-    if version != "0.1.1" {
-        failures.push(format!("after the {:?} the job runs plugin {version}, not 0.1.1", cell.continuation));
-    }
+    runs(next.plugin_version(), "0.1.1", &format!("the {:?}", cell.continuation), &mut failures);
     next.stop("drain");
     next.ended();
 
@@ -592,12 +611,8 @@ fn promote_cell(cell: &Cell) -> Vec<String> {
 /// input that never deployed anything.
 fn rollback_cell(cell: &Cell) -> Vec<String> {
     let mut failures = Vec::new();
-    prepare_sink(cell);
     let parts = generated_parts(43, &[3_000, 3_000, 2_000]);
-    std::fs::write(cell.input(), &parts[0]).unwrap();
-    let job = cell.pipeline("out", &cell.sink_section());
-    let mut live = Job::follow(&job, &[], cell.log(1));
-    live.wait_read(3_000);
+    let (job, mut live) = start(cell, &parts[0], 3_000);
 
     let out = km0(&["deploy", &plugin("min-stock-trap").to_string_lossy(), "--job", &live.url, "--json"]);
     ok(&out, "km0 deploy min-stock-trap");
@@ -605,28 +620,16 @@ fn rollback_cell(cell: &Cell) -> Vec<String> {
     assert_eq!(d["status"], "swapped", "{d}");
     assert!(d["rollback_fault_rate"].as_f64().is_some(), "the deploy is not watched: {d}");
     append(&cell.input(), &parts[1]);
-    let t = Instant::now();
-    while live.history()[0]["status"] != "rolled_back" {
-        assert!(live.alive(), "the job exited: {}", tail(&live.log_text()));
-        assert!(t.elapsed() < WAIT, "the job did not roll the deploy back: {}", live.history());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let reason = live.history()[0]["reason"].as_str().unwrap_or_default().to_string();
+    let reason = rolled_back(&mut live);
     if !reason.contains("rolled back by the job") {
         failures.push(format!("the rolled-back deploy's reason: {reason:?}"));
     }
     eprintln!("  {}: {reason}", cell.label());
     live.wait_read(6_000);
-    let version = live.plugin_version();
-    if version != "0.1.0" {
-        failures.push(format!("after the rollback the job runs plugin {version}, not 0.1.0"));
-    }
+    runs(live.plugin_version(), "0.1.0", "the rollback", &mut failures);
 
     let mut next = continue_job(cell, live, &job, 6_000, &parts[2], 8_000);
-    let version = next.plugin_version();
-    if version != "0.1.0" {
-        failures.push(format!("after the {:?} the job runs plugin {version}, not 0.1.0", cell.continuation));
-    }
+    runs(next.plugin_version(), "0.1.0", &format!("the {:?}", cell.continuation), &mut failures);
     let history = next.history();
     let said = history.as_array().is_some_and(|h| h.iter().any(|d| d["status"] == "rolled_back"));
     if !said {
@@ -654,11 +657,7 @@ fn rollback_cell(cell: &Cell) -> Vec<String> {
 /// min-stock-flaky's own must be gone from the sinks.
 fn breaker_cell(cell: &Cell) -> Vec<String> {
     let mut failures = Vec::new();
-    prepare_sink(cell);
-    std::fs::write(cell.input(), windows_of_stock(0, 10)).unwrap();
-    let job = cell.pipeline("out", &cell.sink_section());
-    let mut live = Job::follow(&job, &[], cell.log(1));
-    live.wait_read(2_000);
+    let (job, mut live) = start(cell, windows_of_stock(0, 10), 2_000);
     let out = km0(&["deploy", &plugin("min-stock-flaky").to_string_lossy(), "--job", &live.url, "--json"]);
     ok(&out, "km0 deploy min-stock-flaky");
     let d = json(&String::from_utf8_lossy(&out.stdout));
@@ -684,22 +683,13 @@ fn breaker_cell(cell: &Cell) -> Vec<String> {
         eprintln!("  {}: {own} alerts of min-stock-flaky's own were committed, then undone", cell.label());
     }
     append(&cell.input(), &windows_of_stock(70, 100));
-    let t = Instant::now();
-    while live.history()[0]["status"] != "rolled_back" {
-        assert!(live.alive(), "the job exited: {}", tail(&live.log_text()));
-        assert!(t.elapsed() < WAIT, "the job did not roll the deploy back: {}", live.history());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let reason = live.history()[0]["reason"].as_str().unwrap_or_default().to_string();
+    let reason = rolled_back(&mut live);
     if !reason.contains("circuit breaker") {
         failures.push(format!("the deploy was not rolled back by its breaker: {reason:?}"));
     }
     eprintln!("  {}: {reason}", cell.label());
     live.wait_read(20_000);
-    let version = live.plugin_version();
-    if version != "0.1.0" {
-        failures.push(format!("after the rollback the job runs plugin {version}, not 0.1.0"));
-    }
+    runs(live.plugin_version(), "0.1.0", "the rollback", &mut failures);
     if cell.sink == Sink::Kafka {
         // The flaky release wrote alerts of its own (below 15) before its breaker tripped:
         // the topic holds them, and their tombstones.
@@ -716,10 +706,7 @@ fn breaker_cell(cell: &Cell) -> Vec<String> {
     }
 
     let mut next = continue_job(cell, live, &job, 20_000, &windows_of_stock(100, 110), 22_000);
-    let version = next.plugin_version();
-    if version != "0.1.0" {
-        failures.push(format!("after the {:?} the job runs plugin {version}, not 0.1.0", cell.continuation));
-    }
+    runs(next.plugin_version(), "0.1.0", &format!("the {:?}", cell.continuation), &mut failures);
     next.stop("drain");
     next.ended();
     ok(&km0(&["run", "--http", "off", &cell.file_pipeline("ref").to_string_lossy()]), "the reference run");

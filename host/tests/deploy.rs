@@ -83,6 +83,20 @@ fn split(text: &str, n: usize) -> (String, String) {
     (part(&lines[..n]), part(&lines[n..]))
 }
 
+/// [`started`] with min-stock and more `[plugin]` settings (lines of TOML).
+fn started_with(dir: &Path, first: &str, settings: &str) -> (PathBuf, String, Child) {
+    std::fs::write(dir.join("live.jsonl"), first).unwrap();
+    let job = pipeline(dir, "min-stock");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("[plugin.config]", &format!("{settings}\n[plugin.config]"));
+    std::fs::write(&job, text).unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    (job, url, child)
+}
+
 fn started(dir: &Path, plugin_name: &str, first: &str) -> (PathBuf, String, Child) {
     std::fs::write(dir.join("live.jsonl"), first).unwrap();
     let job = pipeline(dir, plugin_name);
@@ -596,16 +610,11 @@ fn a_shadow_runs_again_after_a_sigkill_and_promotes_like_an_offline_deploy() {
 #[test]
 fn a_tripped_breaker_that_says_stop_stops_the_job_with_a_savepoint() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("live.jsonl"), windows_of_stock(0, 10)).unwrap();
-    let job = pipeline(dir.path(), "min-stock");
-    let text = std::fs::read_to_string(&job).unwrap().replace(
-        "[plugin.config]",
-        "rollback_fault_rate = 0.7\nbreaker_fault_rate = 0.5\non_breaker = \"stop\"\n[plugin.config]",
+    let (_job, url, child) = started_with(
+        dir.path(),
+        &windows_of_stock(0, 10),
+        "rollback_fault_rate = 0.7\nbreaker_fault_rate = 0.5\non_breaker = \"stop\"",
     );
-    std::fs::write(&job, text).unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let child = start_following(&job, port, TOKEN);
     wait_for_read(&url, 2_000);
     let d = deploy(&url, "min-stock-flaky");
     assert_eq!(d["status"], "swapped", "{d}");
@@ -687,15 +696,7 @@ fn a_shadows_verdict_counts_the_windows_it_failed_on_in_add_and_in_finish() {
 #[test]
 fn a_promoted_shadow_fails_the_job_when_the_pipeline_says_on_error_fail() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("live.jsonl"), windows_of_stock(0, 10)).unwrap();
-    let job = pipeline(dir.path(), "min-stock");
-    let text = std::fs::read_to_string(&job)
-        .unwrap()
-        .replace("[plugin.config]", "on_error = \"fail\"\n[plugin.config]");
-    std::fs::write(&job, text).unwrap();
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let child = start_following(&job, port, TOKEN);
+    let (_job, url, child) = started_with(dir.path(), &windows_of_stock(0, 10), "on_error = \"fail\"");
     wait_for_read(&url, 2_000);
     let flaky = std::fs::read(plugin("min-stock-flaky")).unwrap();
     let (code, body) = send(&url, "POST", "/api/v1/deployments?shadow=true", Some(TOKEN), &flaky).unwrap();

@@ -277,14 +277,20 @@ impl WindowOperator {
         self.rejects_quarantined = true;
     }
 
-    /// An event of quarantined key `k` at time `t` for slot `slot`, kept with the rejected
-    /// ones when this operator keeps them.
-    fn reject_quarantined(&mut self, k: u32, slot: Window, t: i64) {
+    /// An event of quarantined key `k` at time `t` for slot `slot`: counted (its window
+    /// failed), and kept with the rejected ones when this operator keeps them. Out of the
+    /// per-event path's way.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn quarantined_event(&mut self, k: u32, slot: Window, t: i64) -> Verdict {
+        self.counters.quarantined += 1;
+        self.taint(k, slot, true);
         if self.rejects_quarantined {
             let key = self.key_text(k);
             let reason = self.quarantine.reason(k);
             self.rejected.push(Rejected { key, window: slot, event_times: vec![t], reason });
         }
+        Verdict::Quarantined
     }
 
     #[inline]
@@ -422,10 +428,7 @@ impl WindowOperator {
         }
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
         if self.quarantine.holds(k) {
-            self.counters.quarantined += 1;
-            self.taint(k, slot, true);
-            self.reject_quarantined(k, slot, t);
-            return Ok(Verdict::Quarantined);
+            return Ok(self.quarantined_event(k, slot, t));
         }
         if slot.end <= wm {
             // The slot may have been handed over already (ordered plugins).

@@ -72,10 +72,7 @@ impl WindowOperator {
         let own = self.assigner.slot(t);
         let Some(k) = self.key_id(key) else { return Ok(Verdict::InvalidKey) };
         if self.quarantine.holds(k) {
-            self.counters.quarantined += 1;
-            self.taint(k, own, true);
-            self.reject_quarantined(k, own, t);
-            return Ok(Verdict::Quarantined);
+            return Ok(self.quarantined_event(k, own, t));
         }
         // The merged window, the earliest overlapping session and how many overlap.
         let mut merged = own;

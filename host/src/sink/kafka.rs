@@ -416,11 +416,12 @@ pub fn rewind(target: &KafkaTarget, ends: &[(i32, i64)]) -> Result<usize> {
     let mut keys: std::collections::BTreeSet<(i32, Vec<u8>)> = std::collections::BTreeSet::new();
     if !left.is_empty() {
         consumer.assign(&tpl).map_err(|e| err(format!("assign topic {:?}: {e}", target.topic)))?;
-        let deadline = std::time::Instant::now() + FLUSH_TIMEOUT;
+        // However long the tail, it is read while it comes: the wait is for a silence.
+        let mut deadline = std::time::Instant::now() + FLUSH_TIMEOUT;
         while !left.is_empty() {
             if std::time::Instant::now() > deadline {
                 return Err(err(format!(
-                    "read back topic {:?} to undo a rolled-back deploy's results: partitions {:?} not read to their end within {} s",
+                    "read back topic {:?} to undo a rolled-back deploy's results: partitions {:?} gave nothing for {} s before their end",
                     target.topic,
                     left.keys().collect::<Vec<_>>(),
                     FLUSH_TIMEOUT.as_secs()
@@ -428,6 +429,7 @@ pub fn rewind(target: &KafkaTarget, ends: &[(i32, i64)]) -> Result<usize> {
             }
             let Some(m) = consumer.poll(Duration::from_millis(200)) else { continue };
             let m = m.map_err(|e| err(format!("read back topic {:?}: {e}", target.topic)))?;
+            deadline = std::time::Instant::now() + FLUSH_TIMEOUT;
             if let Some(k) = m.key() {
                 keys.insert((m.partition(), k.to_vec()));
             }

@@ -28,6 +28,7 @@ pub mod plugin;
 pub mod sink;
 pub mod source;
 pub mod state;
+pub mod text;
 pub mod time;
 pub mod window;
 

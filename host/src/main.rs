@@ -475,10 +475,13 @@ fn run(cli: Cli) -> Result<()> {
             print_summary(&summary);
         }
         Command::Status { job, json } => {
-            let v = api_reply(&job, km0::control::client::call(&job, "GET", "/api/v1/job", None)?)?;
+            let mut v = api_reply(&job, km0::control::client::call(&job, "GET", "/api/v1/job", None)?)?;
             if json {
                 println!("{v}");
             } else {
+                // Names of partitions, tasks, files and keys come from the input: shown
+                // as text, never as terminal commands.
+                km0::text::printable_json(&mut v);
                 let c = &v["counters"];
                 println!(
                     "job {} ({}), up {:.1} s",

@@ -171,7 +171,17 @@ print(json.dumps(out))
 fn a_record_cannot_break_or_forge_the_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let forged = "x\"} 1\nkm0_fake_records_read_total{job=\"j\"} 999999\n# EOF\n";
-    let values = ["q\"uote", forged, "back\\slash", "ok", &"l".repeat(200)];
+    // Two long values alike in their first 150 bytes: two partitions, two series.
+    let (long_a, long_b) = (format!("{}a", "l".repeat(150)), format!("{}b", "l".repeat(150)));
+    let values = [
+        "q\"uote",
+        forged,
+        "back\\slash",
+        "ok",
+        &long_a,
+        &long_b,
+        "esc\u{1b}]0;pwned\u{7}\u{1b}[2J\u{0}\u{202e}",
+    ];
     let mut input = String::new();
     for (i, v) in values.iter().enumerate() {
         let event = serde_json::json!({
@@ -203,9 +213,20 @@ fn a_record_cannot_break_or_forge_the_metrics() {
     for v in &values[..4] {
         assert!(partitions.contains(v), "{v:?} in {partitions:?}");
     }
-    let long = partitions.iter().find(|p| p.starts_with("lll")).unwrap();
-    assert!(long.len() <= km0::control::metrics::MAX_LABEL_BYTES && long.ends_with('…'), "{long}");
+    let long: Vec<&&str> = partitions.iter().filter(|p| p.starts_with("lll")).collect();
+    assert_eq!(long.len(), 2, "{partitions:?}");
+    assert_ne!(long[0], long[1]);
+    for l in long {
+        assert!(l.len() <= km0::control::metrics::MAX_LABEL_BYTES && l.ends_with('…'), "{l}");
+    }
     assert!(clocks.iter().all(|s| s[1]["job"] == "sto\"ck\\alert"));
+    // `km0 status` shows the partition names as text: no escape, bell, NUL or override
+    // reaches the operator's terminal.
+    let out = std::process::Command::new(common::km0()).args(["status", "--job", &url]).output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && shown.contains("partition esc\u{fffd}]0;pwned"), "{shown}");
+    assert!(!out.stdout.iter().any(|&b| b == 0x1b || b == 0x07 || b == 0), "{shown:?}");
+    assert!(!shown.contains('\u{202e}'), "{shown:?}");
     drain(&url, child);
 }
 
@@ -559,11 +580,26 @@ fn pollers_without_a_token_are_held_to_a_rate() {
             })
         })
         .collect();
+    // Meanwhile a probe's health checks, outside the pollers' budget, answer at once.
+    let mut slowest = Duration::ZERO;
+    while clients.iter().any(|c| !c.is_finished()) && t.elapsed() < Duration::from_secs(2) {
+        for path in ["/healthz", "/readyz"] {
+            let asked = Instant::now();
+            let answer = raw(
+                port,
+                format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+            );
+            assert_eq!(code(&answer), 200, "{answer}");
+            slowest = slowest.max(asked.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(slowest < Duration::from_millis(100), "a health check took {slowest:?} under the pollers");
     let text: String = clients.into_iter().map(|c| c.join().unwrap()).collect();
     let elapsed = t.elapsed();
-    // Every call is answered, at the rate.
+    // Every call is answered, the pollers' at the rate (their health checks are not).
     assert_eq!(text.matches("HTTP/1.1 200").count(), 50 * 21);
-    let paced = Duration::from_secs_f64((50 * 21 - burst) as f64 / rate);
+    let paced = Duration::from_secs_f64((50 * 20 - burst) as f64 / rate);
     assert!(elapsed >= paced.mul_f64(0.9), "the rate held them: {elapsed:?}, {paced:?}");
     // A caller with the token is not limited.
     for _ in 0..50 {
@@ -590,6 +626,13 @@ fn other_hosts_are_refused_the_ui_cannot_be_framed_and_the_scheme_is_case_insens
         raw(port, b"GET /api/v1/job HTTP/1.1\r\nHost: evil.example:8081\r\nConnection: close\r\n\r\n");
     assert_eq!(code(&answer), 421, "{answer}");
     assert!(!answer.contains("counters"));
+    // Two `Host` headers, one of them allowed: 400 (RFC 9110), whichever comes first.
+    for hosts in ["Host: 127.0.0.1\r\nHost: evil.example", "Host: evil.example\r\nHost: 127.0.0.1"] {
+        let answer =
+            raw(port, format!("GET /api/v1/job HTTP/1.1\r\n{hosts}\r\nConnection: close\r\n\r\n").as_bytes());
+        assert_eq!(code(&answer), 400, "{answer}");
+        assert!(!answer.contains("counters"));
+    }
     for host in ["127.0.0.1", "localhost:8081", "[::1]:8081"] {
         let answer = raw(
             port,

@@ -9,7 +9,11 @@
 //! 3. **Rate.** Calls without a valid token share [`READS_PER_SECOND`] (bursts of
 //!    [`READ_BURST`]): past it a call waits for its turn, up to [`MAX_WAIT`], and gets 429
 //!    beyond that, so that pollers flat out cost the server no more than that rate of
-//!    answers (and the job, which shares the cores, little).
+//!    answers (and the job, which shares the cores, little). Health checks (`/healthz`,
+//!    `/readyz`: a few bytes each) are outside the budget: a probe must not time out
+//!    because pollers spent it.
+//!
+//! A request with two `Host` headers is refused (400, RFC 9110).
 //!
 //! Every answer carries headers that keep the UI out of frames and other sites' scripts
 //! (`Content-Security-Policy`, `X-Frame-Options`, `X-Content-Type-Options`,
@@ -145,10 +149,16 @@ fn refuse(status: StatusCode, message: &str) -> Response {
 /// The middleware: see the module's text.
 pub async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     let headers = request.headers();
-    let mut response = if !guard.host_allowed(headers) {
+    let mut response = if headers.get_all(header::HOST).iter().nth(1).is_some() {
+        refuse(StatusCode::BAD_REQUEST, "a request has one `Host` header (RFC 9110)")
+    } else if !guard.host_allowed(headers) {
         refuse(StatusCode::MISDIRECTED_REQUEST, "this API answers requests for its IP address or localhost")
     } else if matches!(*request.method(), Method::GET | Method::HEAD) {
-        let turn = if guard.authorized(headers) { Some(std::time::Duration::ZERO) } else { guard.turn() };
+        // Health checks answer at once, whatever the pollers: a probe that times out
+        // restarts the job.
+        let health = matches!(request.uri().path(), "/healthz" | "/readyz");
+        let turn =
+            if health || guard.authorized(headers) { Some(std::time::Duration::ZERO) } else { guard.turn() };
         match turn {
             Some(wait) => {
                 if !wait.is_zero() {

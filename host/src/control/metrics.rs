@@ -57,7 +57,8 @@ struct Metrics<'a> {
 }
 
 /// The longest label value written, in bytes; a longer one is cut (at a character's
-/// boundary) and ends in `…`.
+/// boundary) and ends in `~` and 8 hex digits of the whole value's SHA-256, then `…`: two
+/// values alike in their first bytes stay two series.
 pub const MAX_LABEL_BYTES: usize = 128;
 
 /// A label value as the exposition formats write it: `\`, `"` and a line feed escaped
@@ -66,12 +67,24 @@ pub const MAX_LABEL_BYTES: usize = 128;
 /// (a record's field, with `partition_field`) all come from outside.
 pub fn label_value(v: &str) -> String {
     let mut cut = v;
+    let mut tail = String::new();
     if v.len() > MAX_LABEL_BYTES {
-        let mut end = MAX_LABEL_BYTES - '…'.len_utf8();
+        use sha2::{Digest, Sha256};
+        let hash = Sha256::digest(v.as_bytes());
+        tail = format!("~{:02x}{:02x}{:02x}{:02x}…", hash[0], hash[1], hash[2], hash[3]);
+        // The escapes below may lengthen what is kept: cut with room for them.
+        let mut end = MAX_LABEL_BYTES - tail.len();
         while !v.is_char_boundary(end) {
             end -= 1;
         }
         cut = &v[..end];
+        while cut.len() + cut.matches(['\\', '"', '\n']).count() + tail.len() > MAX_LABEL_BYTES {
+            let mut end = cut.len() - 1;
+            while !cut.is_char_boundary(end) {
+                end -= 1;
+            }
+            cut = &cut[..end];
+        }
     }
     let mut out = String::with_capacity(cut.len() + 4);
     for c in cut.chars() {
@@ -83,9 +96,7 @@ pub fn label_value(v: &str) -> String {
             c => out.push(c),
         }
     }
-    if cut.len() < v.len() {
-        out.push('…');
-    }
+    out.push_str(&tail);
     out
 }
 

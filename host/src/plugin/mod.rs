@@ -676,11 +676,8 @@ fn fault_reason(
         reason.push_str("; it wrote: ");
         reason.push_str(&last_lines(&rest, REASON_LINES));
     }
-    // The guest's words go to logs, terminals and pages: no control characters.
-    if reason.chars().any(char::is_control) {
-        reason = reason.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect();
-    }
-    reason
+    // The guest's words go to logs, terminals and pages.
+    crate::text::printable(&reason).into_owned()
 }
 
 /// A Rust guest's panic report in what it wrote (`thread '..' panicked at FILE:LINE:COL:`

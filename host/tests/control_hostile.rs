@@ -654,3 +654,81 @@ fn other_hosts_are_refused_the_ui_cannot_be_framed_and_the_scheme_is_case_insens
     assert_eq!(code(&answer), 200, "{answer}");
     assert!(child.wait_with_output().unwrap().status.success());
 }
+
+/// The operator's way in stays open whoever holds the connections: 260 connections that
+/// each pipeline 12 `GET /` and never read the answers, then 260 keep-alive connections
+/// asking `/healthz` every 2 s (never idle): meanwhile the token holder's savepoint and a
+/// probe's `/healthz` and `/readyz` are each answered within 100 ms (on the connections
+/// kept for them once the others are all held).
+#[test]
+fn no_client_without_the_token_can_keep_the_operator_or_a_probe_out() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), stream(1_000, 60)).unwrap();
+    let job =
+        stock_pipeline(dir.path(), &dir.path().join("live.jsonl"), "out", "[state]\nbackend = \"memory\"");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, 1_000);
+    let operator = |what: &str| {
+        for (method, path, token) in
+            [("POST", "/api/v1/savepoints", Some(TOKEN)), ("GET", "/healthz", None), ("GET", "/readyz", None)]
+        {
+            let t = Instant::now();
+            let (code, body) =
+                call(&url, method, path, token).unwrap_or_else(|e| panic!("{what}: {path}: {e}"));
+            let took = t.elapsed();
+            eprintln!("{what}: {path} answered in {took:?}");
+            assert_eq!(code, 200, "{what}: {path}: {body}");
+            assert!(took < Duration::from_millis(100), "{what}: {path} took {took:?}");
+        }
+    };
+    operator("before the attacks");
+
+    // Pipelined requests never read.
+    let mut held = Vec::new();
+    for _ in 0..260 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _ = s.write_all(&b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat(12));
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        operator("while 260 connections pipeline requests and never read");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(held);
+
+    // Keep-alive health pollers, never idle long enough to be closed.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pollers: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut conns: Vec<TcpStream> =
+                    (0..65).filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+                let t = Instant::now();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10)
+                {
+                    for c in &mut conns {
+                        let _ = c.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+                        c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                        let mut buf = [0u8; 1024];
+                        let _ = c.read(&mut buf);
+                    }
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..3 {
+        operator("while 260 keep-alive connections poll /healthz");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for p in pollers {
+        p.join().unwrap();
+    }
+    drain(&url, child);
+}

@@ -13,7 +13,9 @@
 //!    `/readyz`: a few bytes each) are outside the budget: a probe must not time out
 //!    because pollers spent it.
 //!
-//! A request with two `Host` headers is refused (400, RFC 9110).
+//! A request with two `Host` headers is refused (400, RFC 9110). On a reserved connection
+//! ([`super::server`]) only calls with the token and health checks are answered (503
+//! otherwise).
 //!
 //! Every answer carries headers that keep the UI out of frames and other sites' scripts
 //! (`Content-Security-Policy`, `X-Frame-Options`, `X-Content-Type-Options`,
@@ -149,14 +151,19 @@ fn refuse(status: StatusCode, message: &str) -> Response {
 /// The middleware: see the module's text.
 pub async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     let headers = request.headers();
-    let mut response = if headers.get_all(header::HOST).iter().nth(1).is_some() {
+    let reserved = request.extensions().get::<super::server::Slot>() == Some(&super::server::Slot::Reserved);
+    let health = matches!(request.uri().path(), "/healthz" | "/readyz")
+        && matches!(*request.method(), Method::GET | Method::HEAD);
+    let mut response = if reserved && !health && !guard.authorized(headers) {
+        // Every ordinary slot is held: the reserved ones are the operator's and probes'.
+        refuse(StatusCode::SERVICE_UNAVAILABLE, "the control API is busy; try again")
+    } else if headers.get_all(header::HOST).iter().nth(1).is_some() {
         refuse(StatusCode::BAD_REQUEST, "a request has one `Host` header (RFC 9110)")
     } else if !guard.host_allowed(headers) {
         refuse(StatusCode::MISDIRECTED_REQUEST, "this API answers requests for its IP address or localhost")
     } else if matches!(*request.method(), Method::GET | Method::HEAD) {
         // Health checks answer at once, whatever the pollers: a probe that times out
         // restarts the job.
-        let health = matches!(request.uri().path(), "/healthz" | "/readyz");
         let turn =
             if health || guard.authorized(headers) { Some(std::time::Duration::ZERO) } else { guard.turn() };
         match turn {

@@ -36,7 +36,7 @@ pub mod metrics;
 mod server;
 
 pub use guard::{MAX_WAIT, READS_PER_SECOND, READ_BURST};
-pub use server::{HEADER_TIMEOUT, MAX_CONNECTIONS};
+pub use server::{HEADER_TIMEOUT, MAX_CONNECTIONS, RESERVED_CONNECTIONS, WRITE_TIMEOUT};
 
 use crate::job::commands::{Command, ControlHandle, JobState, JobStatus, Refused, StopMode};
 use crate::job::upgrade::Refusal;

@@ -292,7 +292,7 @@ impl PluginRuntime {
                  runs {supported}): {e:#}"
             ))
         };
-        let pre = self.linker.instantiate_pre(&component).map_err(contract)?;
+        let pre = transient_retried(|| self.linker.instantiate_pre(&component)).map_err(contract)?;
         let exported = exports(&self.engine, &component);
         let exports_one = |name: &str| exported.iter().any(|n| n.starts_with(name));
         let optional = Optional {
@@ -678,6 +678,24 @@ fn fault_reason(
     }
     // The guest's words go to logs, terminals and pages.
     crate::text::printable(&reason).into_owned()
+}
+
+/// `f`'s result, asked again a few times while it fails for a moment in the kernel, not in
+/// the plugin: wasmtime keeps a component's initial memory in a sealed memfd, and Linux
+/// refuses to seal one (EBUSY, "cannot add seals to the memfd") while it has its pages
+/// pinned for a moment (migration, reclaim under memory pressure).
+fn transient_retried<T>(mut f: impl FnMut() -> wasmtime::Result<T>) -> wasmtime::Result<T> {
+    let mut attempt = 0;
+    loop {
+        match f() {
+            Err(e) if attempt < 5 && format!("{e:#}").contains("memfd") => {
+                attempt += 1;
+                tracing::debug!(error = %format!("{e:#}"), attempt, "the kernel refused a memory image for a moment; asking again");
+                std::thread::sleep(Duration::from_millis(20 * attempt));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// A Rust guest's panic report in what it wrote (`thread '..' panicked at FILE:LINE:COL:`

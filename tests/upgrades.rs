@@ -208,6 +208,51 @@ fn tail(log: &str) -> String {
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
+/// A stock-alert pipeline `name` over the followed `live.jsonl` of `dir` running
+/// min-stock (with more `[plugin]` lines, `probation`), writing under `out/` (late events,
+/// dead letters, savepoints, checkpoints) and into `sink`, with the `[state]` section
+/// `state`; written to `dir/<out>.toml`.
+fn write_pipeline(dir: &Path, name: &str, out: &str, sink: &str, state: &str, probation: &str) -> PathBuf {
+    let text = format!(
+        r#"
+name = "{name}"
+key = ["producto", "mercado"]
+[source]
+kind = "file"
+path = "live.jsonl"
+[filter]
+tipo = "stock.actualizado"
+[event_time]
+field = "fecha_ms"
+watermark_delay = "2m"
+[window]
+kind = "tumbling"
+size = "5m"
+[plugin]
+path = {plugin:?}
+{probation}
+[plugin.config]
+threshold = 10
+[sink]
+{sink}
+[late]
+path = "{out}/late.jsonl"
+[dead_letter]
+path = "{out}/dead.jsonl"
+[savepoints]
+dir = "{out}/savepoints"
+[checkpoints]
+dir = "{out}/chk"
+interval = "300ms"
+{state}
+"#,
+        plugin = plugin("min-stock").display().to_string(),
+    );
+    let path = dir.join(format!("{out}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Scenario {
     /// A shadow of min-stock-strict started and promoted over min-stock.
@@ -290,49 +335,11 @@ impl Cell<'_> {
             Backend::Memory => "[state]\nbackend = \"memory\"".to_string(),
             Backend::Rocksdb => format!("[state]\nbackend = \"rocksdb\"\ndir = \"{out}/rocksdb\""),
         };
-        let text = format!(
-            r#"
-name = "{name}"
-key = ["producto", "mercado"]
-[source]
-kind = "file"
-path = "live.jsonl"
-[filter]
-tipo = "stock.actualizado"
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = {plugin:?}
-{probation}
-[plugin.config]
-threshold = 10
-[sink]
-{sink}
-[late]
-path = "{out}/late.jsonl"
-[dead_letter]
-path = "{out}/dead.jsonl"
-[savepoints]
-dir = "{out}/savepoints"
-[checkpoints]
-dir = "{out}/chk"
-interval = "300ms"
-{state}
-"#,
-            name = self.name,
-            plugin = plugin("min-stock").display().to_string(),
-            probation = match self.scenario {
-                Scenario::Breaker => "rollback_fault_rate = 0.7\nbreaker_fault_rate = 0.5",
-                _ => "",
-            },
-        );
-        let path = self.dir.path().join(format!("{out}.toml"));
-        std::fs::write(&path, text).unwrap();
-        path
+        let probation = match self.scenario {
+            Scenario::Breaker => "rollback_fault_rate = 0.7\nbreaker_fault_rate = 0.5",
+            _ => "",
+        };
+        write_pipeline(self.dir.path(), &self.name, out, sink, &state, probation)
     }
 
     /// The same pipeline writing its results to the file `<out>/alertas.jsonl`: the
@@ -829,47 +836,14 @@ fn a_stop_a_savepoint_a_promotion_and_a_deploy_sent_together_are_all_answered_an
     let dir = tempfile::Builder::new().prefix("km0-up-concurrency-").tempdir().unwrap();
     let input = dir.path().join("live.jsonl");
     std::fs::write(&input, windows_of_stock(0, 5)).unwrap();
-    let job = dir.path().join("job.toml");
-    std::fs::write(
-        &job,
-        format!(
-            r#"
-name = "up-concurrency"
-key = ["producto", "mercado"]
-[source]
-kind = "file"
-path = "live.jsonl"
-[filter]
-tipo = "stock.actualizado"
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = {plugin:?}
-[plugin.config]
-threshold = 10
-[sink]
-kind = "file"
-path = "out/alertas.jsonl"
-[late]
-path = "out/late.jsonl"
-[dead_letter]
-path = "out/dead.jsonl"
-[savepoints]
-dir = "out/savepoints"
-[checkpoints]
-dir = "out/chk"
-interval = "300ms"
-[state]
-backend = "memory"
-"#,
-            plugin = plugin("min-stock").display().to_string()
-        ),
-    )
-    .unwrap();
+    let job = write_pipeline(
+        dir.path(),
+        "up-concurrency",
+        "out",
+        "kind = \"file\"\npath = \"out/alertas.jsonl\"",
+        "[state]\nbackend = \"memory\"",
+        "",
+    );
     let mut live = Job::follow(&job, &[], dir.path().join("km0.log"));
     live.wait_read(1_000);
     let url = live.url.clone();

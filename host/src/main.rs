@@ -559,6 +559,13 @@ fn run(cli: Cli) -> Result<()> {
                             .collect();
                         println!("    {} keys quarantined: {}", a["quarantined"], keys.join(", "));
                     }
+                    if a["faults_untracked"].as_u64().unwrap_or(0) > 0 {
+                        println!(
+                            "    {} faults of keys not followed for quarantine ({} keys followed: see \
+                             `[plugin] quarantine_max_keys`)",
+                            a["faults_untracked"], a["faulted_keys"]
+                        );
+                    }
                 }
                 if v["shadow"].is_object() {
                     print_shadow(&v["shadow"], "running");

@@ -305,6 +305,9 @@ pub struct PluginSpec {
     /// Faults of one key after which its events go to the dead letters without a call
     /// (0: never).
     pub quarantine_after: u32,
+    /// Keys whose faults are followed at most, per aggregation and task (faults of
+    /// others, once as many are, are dead-lettered and counted, not quarantined).
+    pub quarantine_max_keys: usize,
     /// A live deploy whose plugin fails on more than this share of the events and windows
     /// it is given first is rolled back by the job itself (1: never).
     pub rollback_fault_rate: f64,
@@ -530,6 +533,8 @@ struct RawPlugin {
     #[serde(default)]
     quarantine_after: Option<u32>,
     #[serde(default)]
+    quarantine_max_keys: Option<usize>,
+    #[serde(default)]
     rollback_fault_rate: Option<f64>,
     #[serde(default)]
     breaker_events: Option<u64>,
@@ -701,6 +706,10 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
     if !(breaker_fault_rate > 0.0 && breaker_fault_rate <= 1.0) {
         return Err(format!("`{at}.breaker_fault_rate` must be above 0 and at most 1 (1: never trips)"));
     }
+    let quarantine_max_keys = p.quarantine_max_keys.unwrap_or(DEFAULT_QUARANTINE_MAX_KEYS);
+    if quarantine_max_keys == 0 {
+        return Err(format!("`{at}.quarantine_max_keys` must be at least 1"));
+    }
     let breaker = BreakerSpec {
         events: p.breaker_events.unwrap_or(DEFAULT_BREAKER_EVENTS),
         fault_rate: breaker_fault_rate,
@@ -715,6 +724,7 @@ fn plugin_spec(p: RawPlugin, at: &str, resolve: &dyn Fn(&str) -> PathBuf) -> Res
         limits,
         on_error: p.on_error,
         quarantine_after: p.quarantine_after.unwrap_or(DEFAULT_QUARANTINE_AFTER),
+        quarantine_max_keys,
     })
 }
 
@@ -1094,6 +1104,10 @@ pub fn hex(bytes: &[u8]) -> String {
 /// unless `[plugin] quarantine_after` says otherwise: a deterministic plugin that failed on a
 /// key three times will fail on it again, and each fault may cost a whole `call_timeout`.
 pub const DEFAULT_QUARANTINE_AFTER: u32 = 3;
+
+/// Keys whose faults an aggregation's task follows at most, unless `[plugin]
+/// quarantine_max_keys` says otherwise: about 4 MB of memory and of each checkpoint.
+pub const DEFAULT_QUARANTINE_MAX_KEYS: usize = 100_000;
 
 /// The share of the events and windows a live-deployed plugin may fail on, over the first
 /// ones it is given, before the job rolls the deploy back by itself.

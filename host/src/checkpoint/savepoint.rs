@@ -66,7 +66,10 @@ pub struct OperatorMeta {
     pub rows: u64,
     pub counters: OperatorCounters,
     /// Keys the plugin failed on, quarantined or not.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "crate::window::operator::SavedFaults::is_empty")]
+    pub quarantine: crate::window::operator::SavedFaults,
+    /// The same, as km0 kept them before `quarantine` (read, never written).
+    #[serde(default, skip_serializing)]
     pub faults: Vec<crate::window::operator::KeyFaults>,
     /// A plugin deployed live and still on probation: what it failed on and was given
     /// since its deploy.

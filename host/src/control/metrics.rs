@@ -260,6 +260,12 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         &per_aggregation(|a| a.quarantined as f64),
     );
     m.gauges(
+        "faulted_keys",
+        "Keys whose plugin faults are followed per aggregation (quarantined or not yet; at most `quarantine_max_keys`)",
+        None,
+        &per_aggregation(|a| a.faulted_keys as f64),
+    );
+    m.gauges(
         "state",
         "Bytes of accumulators and keys held per aggregation (without the maps' overhead)",
         Some(Unit::Bytes),
@@ -306,6 +312,15 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         }
     }
     m.registry.register("plugin_faults", "Plugin calls that failed, by kind", faults);
+    let untracked = Family::<Labels, Counter>::default();
+    for a in &status.aggregations {
+        untracked.get_or_create(&m.labels(&[("aggregation", a.name.as_str())])).inc_by(a.faults_untracked);
+    }
+    m.registry.register(
+        "faults_untracked",
+        "Plugin faults of keys not followed for quarantine (the aggregation followed `quarantine_max_keys` keys)",
+        untracked,
+    );
     if let Some(s) = &status.shadow {
         let shadow = Family::<Labels, Counter>::default();
         for (result, n) in [("equal", s.equal), ("different", s.different), ("faulted", s.faulted)] {

@@ -185,6 +185,12 @@ pub struct AggregationStatus {
     pub quarantined: usize,
     /// Up to [`crate::window::operator::QUARANTINE_LISTED`] of them, the latest first.
     pub quarantined_keys: Vec<crate::window::operator::KeyFaults>,
+    /// Keys whose faults are followed (quarantined or not yet), at most `[plugin]
+    /// quarantine_max_keys`.
+    pub faulted_keys: usize,
+    /// Faults of keys not followed because as many were: dead-lettered, never
+    /// quarantined.
+    pub faults_untracked: u64,
 }
 
 /// One checkpoint of this run.

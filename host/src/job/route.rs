@@ -814,7 +814,10 @@ impl Job {
             // Faults are of the plugin that had them: a deploy starts afresh.
             let saved = meta.operators.iter().find(|o| o.id == op.name());
             if let Some(saved) = saved.filter(|o| o.plugin.sha256 == op.identity().sha256) {
-                op.restore_faults(&saved.faults);
+                op.restore_faults(&saved.quarantine);
+                if !saved.faults.is_empty() {
+                    op.restore_faults(&crate::window::operator::SavedFaults::from_listed(&saved.faults));
+                }
                 // A deploy on probation goes on being judged (the control port resumes it
                 // with its fault rate).
                 op.restore_probation(saved.probation);
@@ -897,7 +900,7 @@ impl Job {
         }
         let operators = self
             .ops
-            .iter()
+            .iter_mut()
             .zip(counts)
             .map(|(op, (slots, rows))| OperatorMeta {
                 id: op.name().to_string(),
@@ -905,7 +908,8 @@ impl Job {
                 slots,
                 rows,
                 counters: op.counters().clone(),
-                faults: op.saved_faults(),
+                quarantine: op.saved_faults(),
+                faults: Vec::new(),
                 probation: op.probation(),
             })
             .collect();
@@ -966,6 +970,7 @@ pub(super) fn operator(pipeline: &Pipeline, i: usize, plugin: Plugin, columns: V
     );
     op.set_on_error(a.plugin.on_error);
     op.set_quarantine_after(a.plugin.quarantine_after);
+    op.set_quarantine_max_keys(a.plugin.quarantine_max_keys);
     op
 }
 

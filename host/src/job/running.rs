@@ -649,6 +649,8 @@ impl<'p> RunningJob<'p> {
                     calls: op.plugin().calls(),
                     quarantined: op.quarantined(0).0,
                     quarantined_keys: op.quarantined(crate::window::operator::QUARANTINE_LISTED).1,
+                    faulted_keys: op.faults_followed().0,
+                    faults_untracked: op.faults_followed().1,
                 })
                 .collect(),
             checkpoints: self.stats.count,

@@ -618,17 +618,21 @@ impl Fan<'_> {
                 Ok(rx) => rx.recv_timeout(Duration::from_millis(50)).ok(),
                 Err(_) => None,
             };
+            // A reply goes out once the status that shows its command's effect is
+            // published (a client that reads the status after its reply finds it there).
+            let mut answer: Option<Box<dyn FnOnce()>> = None;
             match command {
                 Some(Command::Savepoint { reply }) => {
-                    let answer = self.savepoint();
-                    if let Ok(path) = &answer {
+                    let saved = self.savepoint();
+                    if let Ok(path) = &saved {
                         savepoints.push(path.clone());
                     }
-                    let _ = reply.send(answer);
+                    answer = Some(Box::new(move || drop(reply.send(saved))));
                 }
                 Some(Command::Stop { mode, reply }) => self.stop(mode, reply),
                 Some(Command::Release { aggregation, key, reply }) => {
-                    let _ = reply.send(self.release(aggregation, key));
+                    let released = self.release(aggregation, key);
+                    answer = Some(Box::new(move || drop(reply.send(released))));
                 }
                 Some(
                     command @ (Command::Shadow { .. } | Command::Promote { .. } | Command::Abandon { .. }),
@@ -640,13 +644,13 @@ impl Fan<'_> {
                 }
                 Some(Command::Deploy { deployment, reply }) => {
                     let component = deployment.component.clone();
-                    let answer = self.deploy(deployment, deployments.len() as u64 + 1);
-                    if let Ok(d) = &answer {
+                    let deployed = self.deploy(deployment, deployments.len() as u64 + 1);
+                    if let Ok(d) = &deployed {
                         savepoints.extend(d.savepoint.clone());
                         deployments.push(d.clone());
                         self.record_deploy(d, &component);
                     }
-                    let _ = reply.send(answer);
+                    answer = Some(Box::new(move || drop(reply.send(deployed))));
                 }
                 None => {}
             }
@@ -664,6 +668,9 @@ impl Fan<'_> {
             status.savepoints = savepoints.clone();
             status.deployments = deployments.clone();
             self.outer.publish(status);
+            if let Some(answer) = answer {
+                answer();
+            }
         }
     }
 
@@ -969,6 +976,8 @@ impl Fan<'_> {
                         j.keys += a.keys;
                         j.state_bytes += a.state_bytes;
                         j.quarantined += a.quarantined;
+                        j.faulted_keys += a.faulted_keys;
+                        j.faults_untracked += a.faults_untracked;
                         j.quarantined_keys.extend(a.quarantined_keys.iter().cloned());
                         j.quarantined_keys.sort_by_key(|q| std::cmp::Reverse(q.at_ms));
                         j.quarantined_keys.truncate(crate::window::operator::QUARANTINE_LISTED);

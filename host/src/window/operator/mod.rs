@@ -24,7 +24,10 @@ mod snapshot;
 use calls::new_batch;
 pub use deploy_watch::{Tally, JUDGED_AFTER, WATCHED_FOR, WINDOWS_JUDGED_AFTER, WINDOWS_WATCHED_FOR};
 use quarantine::Quarantine;
-pub use quarantine::{KeyFaults, DEFAULT_QUARANTINE_AFTER, QUARANTINE_LISTED};
+pub use quarantine::{
+    KeyFaults, SavedFaults, DEFAULT_QUARANTINE_AFTER, DEFAULT_QUARANTINE_MAX_KEYS, QUARANTINE_LISTED,
+    REASONS_KEPT, REASON_BYTES,
+};
 pub use results::push_key_part;
 use results::{key_string, order_windows, CallGroups};
 use session::{SessionLists, SessionRef};

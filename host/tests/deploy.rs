@@ -716,3 +716,51 @@ fn a_promoted_shadow_fails_the_job_when_the_pipeline_says_on_error_fail() {
     assert!(!out.status.success(), "the job went on after a fault with on_error = \"fail\": {err}");
     assert!(err.contains("min-stock 0.1.2 fails on product"), "{err}");
 }
+
+/// A shadow that hangs (min-stock-hang's `add` never returns) holds the live job up once,
+/// for its budget, not for a call timeout (10 s here) per batch: the job reads on, the
+/// token holder's savepoints and the health check are answered, the shadow says why it
+/// stopped and cannot be promoted, and the job's output is the uninterrupted run's.
+#[test]
+fn a_shadow_that_hangs_stops_at_its_budget_and_the_live_job_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (job, url, child) = started(dir.path(), "min-stock", &windows_of_stock(0, 10));
+    wait_for_read(&url, 2_000);
+    let hang = std::fs::read(plugin("min-stock-hang")).unwrap();
+    let (code, body) = send(&url, "POST", "/api/v1/deployments?shadow=true", Some(TOKEN), &hang).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let t = std::time::Instant::now();
+    append(dir.path(), &windows_of_stock(10, 40));
+    // Savepoints and health checks while the shadow's first call runs and after.
+    let mut savepoint_ms = Vec::new();
+    let mut health_ms = Vec::new();
+    while t.elapsed() < std::time::Duration::from_secs(2) {
+        let s = std::time::Instant::now();
+        let (code, body) = call(&url, "POST", "/api/v1/savepoints", Some(TOKEN)).unwrap();
+        assert_eq!(code, 200, "{body}");
+        savepoint_ms.push(s.elapsed().as_millis());
+        let s = std::time::Instant::now();
+        assert_eq!(call(&url, "GET", "/healthz", None).unwrap().0, 200);
+        health_ms.push(s.elapsed().as_millis());
+    }
+    wait_for_read(&url, 8_000);
+    let read_in = t.elapsed();
+    let shadow = json(&call(&url, "GET", "/api/v1/shadow", None).unwrap().1);
+    eprintln!(
+        "read in {read_in:?}; savepoints {savepoint_ms:?} ms; health {health_ms:?} ms; shadow {shadow}"
+    );
+    let failed = shadow["failed"].as_str().unwrap_or_default();
+    assert!(failed.contains("so as not to slow the job down"), "{shadow}");
+    assert!(shadow["call_seconds"].as_f64().is_some_and(|s| (0.4..1.0).contains(&s)), "{shadow}");
+    assert!(read_in < std::time::Duration::from_secs(4), "6 000 records read in {read_in:?}");
+    assert!(health_ms.iter().all(|&ms| ms < 100), "health checks {health_ms:?} ms");
+    assert!(savepoint_ms.iter().all(|&ms| ms < 1_000), "savepoints {savepoint_ms:?} ms");
+    let promoted = km0(&["deploy", "--promote", "--job", &url]);
+    assert!(!promoted.status.success());
+    assert!(String::from_utf8_lossy(&promoted.stderr).contains("abandon it"));
+    assert!(km0(&["deploy", "--abandon", "--job", &url]).status.success());
+    assert_eq!(call(&url, "POST", "/api/v1/stop?mode=drain", Some(TOKEN)).unwrap().0, 200);
+    ended(child);
+    reference_run(dir.path(), &job);
+    assert_eq!(stock_outputs(dir.path(), "out")[0], stock_outputs(dir.path(), "ref")[0]);
+}

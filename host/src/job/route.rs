@@ -476,7 +476,8 @@ impl Job {
                     let mark = self.results.len();
                     let verdict = self.ops[i].on_event(&self.key_buf, t, wm, slots, &mut self.results)?;
                     let names = &self.decoder.names;
-                    shadow.on_event(i, (&self.key_buf, t, wm), slots, names, &self.results[mark..]);
+                    let current = (&self.results[mark..], self.ops[i].plugin().call_seconds());
+                    shadow.on_event(i, (&self.key_buf, t, wm), slots, names, current);
                     verdict
                 }
             };
@@ -548,7 +549,7 @@ impl Job {
             for (i, op) in self.ops.iter_mut().enumerate() {
                 let mark = self.results.len();
                 op.advance(wm, &mut self.results)?;
-                shadow.advance(i, Some(wm), &self.results[mark..]);
+                shadow.advance(i, Some(wm), (&self.results[mark..], op.plugin().call_seconds()));
             }
             return Ok(());
         }

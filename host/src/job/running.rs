@@ -757,7 +757,7 @@ impl<'p> RunningJob<'p> {
             let mark = job.results.len();
             op.drain(&mut job.results)?;
             if let Some(shadow) = job.shadow.as_mut() {
-                shadow.advance(i, None, &job.results[mark..]);
+                shadow.advance(i, None, (&job.results[mark..], op.plugin().call_seconds()));
             }
         }
         if let Some(shadow) = job.shadow.as_mut() {

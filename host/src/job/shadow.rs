@@ -62,6 +62,12 @@ pub struct ShadowStatus {
     pub recent_differences: Vec<ShadowDifference>,
     /// Why the shadow stopped comparing (it cannot be promoted then).
     pub failed: Option<String>,
+    /// Seconds the shadow's calls took, and the current plugin's over the same events
+    /// (since this run started it).
+    #[serde(default)]
+    pub call_seconds: f64,
+    #[serde(default)]
+    pub current_call_seconds: f64,
 }
 
 /// One window whose results differ.
@@ -93,10 +99,20 @@ pub(super) struct Shadow {
     /// Windows (`start|key`) the shadow failed on an event of, not compared yet, with
     /// their ends.
     tainted: BTreeMap<String, i64>,
+    /// The current plugin's call seconds of each of `ops`' aggregations: when the shadow
+    /// started, and lately.
+    current_calls: Vec<(f64, f64)>,
 }
 
 /// How often the differences file is flushed while differences come.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// A shadow runs on the job's thread: its calls may take twice the time the current
+/// plugin's take over the same events, and this much more; then it stops. Each of its
+/// calls may run only as long as what is left (a shadow that hangs holds the job up for
+/// this long once, not a call timeout per batch).
+pub const SHADOW_ALLOWANCE: Duration = Duration::from_millis(500);
+pub const SHADOW_TIME_FACTOR: f64 = 2.0;
 
 impl Shadow {
     pub(super) fn status(&self) -> ShadowStatus {
@@ -105,7 +121,8 @@ impl Shadow {
 
     /// The shadow of aggregation `i` takes the event the current operator just took;
     /// `(key, t, wm)`: the event's key, time and the watermark at its arrival; `current`:
-    /// what the current operator wrote meanwhile (re-emitted windows).
+    /// what the current operator wrote meanwhile (re-emitted windows), and the seconds its
+    /// plugin's calls have taken.
     #[inline]
     pub(super) fn on_event(
         &mut self,
@@ -113,12 +130,42 @@ impl Shadow {
         event: (&[u8], i64, i64),
         slots: &[Option<crate::source::json::Scalar>],
         names: &[String],
-        current: &[Emitted],
+        (current, current_seconds): (&[Emitted], f64),
     ) {
         if self.status.failed.is_none() {
-            let done = self.try_on_event(i, event, slots, names, current);
+            let done = self
+                .within_budget(i, current_seconds)
+                .and_then(|()| self.try_on_event(i, event, slots, names, current));
             self.failed(done);
         }
+    }
+
+    /// The shadow's calls have taken less than their budget, with the current plugin of
+    /// aggregation `i` at `current_seconds` of calls: each of its next calls may take what
+    /// is left. An error once they took it all.
+    fn within_budget(&mut self, i: usize, current_seconds: f64) -> Result<()> {
+        if let Some(k) = self.ops.iter().position(|(j, _)| *j == i) {
+            if let Some(c) = self.current_calls.get_mut(k) {
+                c.1 = current_seconds;
+            }
+        }
+        let current: f64 = self.current_calls.iter().map(|(from, now)| now - from).sum();
+        let spent: f64 = self.ops.iter().map(|(_, op)| op.plugin().call_seconds()).sum();
+        self.status.call_seconds = spent;
+        self.status.current_call_seconds = current;
+        let left = SHADOW_ALLOWANCE.as_secs_f64() + SHADOW_TIME_FACTOR * current - spent;
+        if left <= 0.0 {
+            return Err(Error::Usage(format!(
+                "its calls took {spent:.2} s, the current plugin's {current:.2} s over the same events (a shadow \
+                 may take twice the current plugin's time and {} ms more): it stopped so as not to slow the job \
+                 down, and cannot be promoted",
+                SHADOW_ALLOWANCE.as_millis()
+            )));
+        }
+        for (_, op) in &mut self.ops {
+            op.limit_call_time(Duration::from_secs_f64(left));
+        }
+        Ok(())
     }
 
     /// The shadow could not go on (`done` is an error): it stops comparing, and says why;
@@ -151,9 +198,14 @@ impl Shadow {
 
     /// The shadow of aggregation `i` fires what is due at `wm`, or (`wm` none) every
     /// window (the end of the input).
-    pub(super) fn advance(&mut self, i: usize, wm: Option<i64>, current: &[Emitted]) {
+    pub(super) fn advance(
+        &mut self,
+        i: usize,
+        wm: Option<i64>,
+        (current, current_seconds): (&[Emitted], f64),
+    ) {
         if self.status.failed.is_none() {
-            let done = self.try_advance(i, wm, current);
+            let done = self.within_budget(i, current_seconds).and_then(|()| self.try_advance(i, wm, current));
             self.failed(done);
         }
     }
@@ -334,6 +386,7 @@ impl Job {
         let mut ops = Vec::new();
         let mut from = Vec::new();
         let mut aggregations = Vec::new();
+        let mut current_calls = Vec::new();
         let fail = |e: Error| Refused::Failed(e.to_string());
         for ((i, plugin), cols) in d.plugins.into_iter().zip(shadow_columns) {
             let (old, new) = (self.ops[i].identity().clone(), plugin.identity().clone());
@@ -352,6 +405,7 @@ impl Job {
                 rows: captured.rows,
                 counters: captured.counters,
             };
+            current_calls.push((self.ops[i].plugin().call_seconds(), self.ops[i].plugin().call_seconds()));
             let mut op = operator(pipeline, i, plugin, cols);
             // A fault of the new plugin never stops the job (whatever `on_error` says).
             op.set_on_error(crate::plugin::OnError::DeadLetter);
@@ -414,6 +468,7 @@ impl Job {
             out: Vec::new(),
             flushed: std::time::Instant::now(),
             tainted: BTreeMap::new(),
+            current_calls,
         }));
         Ok(status)
     }

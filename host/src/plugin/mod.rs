@@ -396,6 +396,13 @@ impl Plugin {
         &self.calls
     }
 
+    /// Let each of the next calls run at most `t`, never past its call timeout (a shadow's
+    /// calls spend what is left of its budget).
+    pub fn limit_call_time(&mut self, t: Duration) {
+        let t = t.min(self.limits.call_timeout);
+        self.deadline = (t.as_millis() / EPOCH.as_millis()).max(1) as u64;
+    }
+
     /// What it wrote to stdout and stderr lately, oldest first.
     pub fn printed(&self) -> Vec<Printed> {
         self.printed.iter().cloned().collect()

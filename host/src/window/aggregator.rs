@@ -64,6 +64,12 @@ pub trait Aggregator: Send {
     fn printed(&self) -> Vec<Printed> {
         Vec::new()
     }
+    /// Seconds its calls have taken.
+    fn call_seconds(&self) -> f64 {
+        self.calls().seconds
+    }
+    /// Let each of the next calls run at most `t` (and never past its own call timeout).
+    fn limit_call_time(&mut self, _t: std::time::Duration) {}
 }
 
 impl Aggregator for Plugin {
@@ -121,6 +127,14 @@ impl Aggregator for Plugin {
 
     fn printed(&self) -> Vec<Printed> {
         Plugin::printed(self)
+    }
+
+    fn call_seconds(&self) -> f64 {
+        Plugin::calls(self).seconds
+    }
+
+    fn limit_call_time(&mut self, t: std::time::Duration) {
+        Plugin::limit_call_time(self, t)
     }
 }
 

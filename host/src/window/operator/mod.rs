@@ -322,6 +322,11 @@ impl WindowOperator {
         self.plugin.as_ref()
     }
 
+    /// Let each of the plugin's next calls run at most `t` (never past its call timeout).
+    pub fn limit_call_time(&mut self, t: std::time::Duration) {
+        self.plugin.limit_call_time(t);
+    }
+
     pub fn identity(&self) -> &PluginIdentity {
         self.plugin.identity()
     }

@@ -6,7 +6,7 @@ mod logic {
     const MARGIN: i64 = 0;
     include!("../../min-stock/src/logic.rs");
 }
-use km0_plugin::{Aggregate, Config, Events, Group, Output, Field};
+use km0_plugin::{Aggregate, Config, Events, Field, Group, Output};
 
 pub struct MinStockHang(logic::MinStock);
 

@@ -742,3 +742,61 @@ fn no_client_without_the_token_can_keep_the_operator_or_a_probe_out() {
     }
     drain(&url, child);
 }
+
+/// A connection to the job from loopback address `from` (127.0.0.x: a peer of its own).
+fn connect_from(from: [u8; 4], port: u16) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let s = rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((std::net::Ipv4Addr::from(from), 0).into()).unwrap();
+        socket.connect(([127, 0, 0, 1], port).into()).await.unwrap().into_std().unwrap()
+    });
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// One address holds a quarter of the connections: 300 half-sent requests from 127.0.0.2
+/// hold 64 slots, and a client without the token at 127.0.0.3 (whose calls the reserved
+/// connections would refuse) is answered within 100 ms, as is the token holder at 127.0.0.1.
+#[test]
+fn one_address_holds_a_quarter_of_the_connections_and_other_addresses_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("live.jsonl"), stream(1_000, 61)).unwrap();
+    let job =
+        stock_pipeline(dir.path(), &dir.path().join("live.jsonl"), "out", "[state]\nbackend = \"memory\"");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, 1_000);
+    let held: Vec<TcpStream> = (0..300)
+        .map(|_| {
+            let mut s = connect_from([127, 0, 0, 2], port);
+            let _ = s.write_all(b"GET /api/v1/job HTTP/1.1\r\n");
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let fast = (0..3)
+        .filter(|_| {
+            let t = Instant::now();
+            let mut s = connect_from([127, 0, 0, 3], port);
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s.write_all(b"GET /api/v1/job HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer);
+            let other = t.elapsed();
+            assert_eq!(code(&String::from_utf8_lossy(&answer)), 200, "{}", String::from_utf8_lossy(&answer));
+            let t = Instant::now();
+            let (c, body) = call(&url, "POST", "/api/v1/savepoints", Some(TOKEN)).unwrap();
+            let operator = t.elapsed();
+            assert_eq!(c, 200, "{body}");
+            eprintln!("another address answered in {other:?}, the token holder in {operator:?}");
+            assert!(other < Duration::from_secs(1) && operator < Duration::from_secs(1));
+            std::thread::sleep(Duration::from_millis(200));
+            other.max(operator) < Duration::from_millis(100)
+        })
+        .count();
+    assert!(fast >= 2, "{fast} of 3 rounds within 100 ms");
+    drop(held);
+    drain(&url, child);
+}

@@ -10,6 +10,11 @@
 //!   each and a short wait for it: clients that hold every ordinary slot (keep-alive
 //!   pollers, pipelined requests never read) cannot keep the operator's savepoint or a
 //!   probe out, and none keeps a reserved one;
+//! - one peer (an IP address) holds at most [`PEER_SHARE`] of the ordinary connections;
+//!   its further ones wait up to [`HEADER_TIMEOUT`] for a reserved one (at most
+//!   [`WAITING_CONNECTIONS`] wait at once, further ones are closed): a client that opens
+//!   connections from one address leaves the other addresses' clients three quarters of
+//!   the slots, and the operator the reserve;
 //! - a request's headers must arrive within [`HEADER_TIMEOUT`] of the connection's
 //!   start or of the previous response (an idle or half-sent request is closed then);
 //! - an answer that the client does not read for [`WRITE_TIMEOUT`] closes the connection
@@ -33,6 +38,12 @@ pub const MAX_CONNECTIONS: usize = 256;
 
 /// Connections beyond those, for calls with the token and health checks only.
 pub const RESERVED_CONNECTIONS: usize = 16;
+
+/// Ordinary connections one peer (IP address) holds at most.
+pub const PEER_SHARE: usize = MAX_CONNECTIONS / 4;
+
+/// Connections of peers past their share waiting for a reserved one, at most.
+pub const WAITING_CONNECTIONS: usize = 64;
 
 /// How long a request's headers may take to arrive (and a kept-alive connection may sit
 /// idle).
@@ -60,6 +71,8 @@ pub enum Slot {
 pub async fn run(listener: tokio::net::TcpListener, app: Router) {
     let ordinary = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let reserved = Arc::new(tokio::sync::Semaphore::new(RESERVED_CONNECTIONS));
+    let waiting = Arc::new(tokio::sync::Semaphore::new(WAITING_CONNECTIONS));
+    let peers = Arc::new(Peers::default());
     loop {
         // An ordinary slot when one is free, else a reserved one, else the first to free.
         let (permit, slot) = match ordinary.clone().try_acquire_owned() {
@@ -72,8 +85,8 @@ pub async fn run(listener: tokio::net::TcpListener, app: Router) {
                 },
             },
         };
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok((stream, addr)) => (stream, addr.ip()),
             Err(e) => {
                 // Out of descriptors, say: wait rather than spin.
                 tracing::debug!(error = %e, "control API: accept failed");
@@ -82,21 +95,90 @@ pub async fn run(listener: tokio::net::TcpListener, app: Router) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let app = match slot {
-            Slot::Ordinary => app.clone(),
-            Slot::Reserved => app.clone().layer(axum::Extension(Slot::Reserved)),
+        // A peer past its share of the ordinary slots waits for a reserved one.
+        let share = match slot {
+            Slot::Ordinary => Peers::hold(&peers, peer),
+            Slot::Reserved => None,
         };
-        let service = hyper_util::service::TowerToHyperService::new(app);
-        tokio::spawn(async move {
-            let mut http = hyper::server::conn::http1::Builder::new();
-            let wait = if slot == Slot::Reserved { RESERVED_HEADER_TIMEOUT } else { HEADER_TIMEOUT };
-            http.timer(TokioTimer::new()).header_read_timeout(wait).max_buf_size(MAX_HEADER_BYTES);
-            // A reserved connection serves one request: no client keeps one.
-            http.keep_alive(slot == Slot::Ordinary);
-            let io = TokioIo::new(WriteDeadline { inner: stream, stalled: None });
-            let _ = http.serve_connection(io, service).await;
-            drop(permit);
-        });
+        let app = app.clone();
+        let (reserved, waiting) = (reserved.clone(), waiting.clone());
+        match (slot, share) {
+            (Slot::Ordinary, Some(share)) => {
+                tokio::spawn(serve(stream, app, Slot::Ordinary, (permit, Some(share))));
+            }
+            (Slot::Ordinary, None) => {
+                drop(permit);
+                let Ok(wait) = waiting.try_acquire_owned() else { continue };
+                tokio::spawn(async move {
+                    let permit = tokio::time::timeout(HEADER_TIMEOUT, reserved.acquire_owned()).await;
+                    drop(wait);
+                    if let Ok(Ok(permit)) = permit {
+                        serve(stream, app, Slot::Reserved, (permit, None)).await;
+                    }
+                });
+            }
+            (Slot::Reserved, _) => {
+                tokio::spawn(serve(stream, app, Slot::Reserved, (permit, None)));
+            }
+        }
+    }
+}
+
+/// Serve one connection in `slot`, holding `held` until it ends.
+async fn serve(
+    stream: tokio::net::TcpStream,
+    app: Router,
+    slot: Slot,
+    held: (tokio::sync::OwnedSemaphorePermit, Option<PeerHold>),
+) {
+    let app = match slot {
+        Slot::Ordinary => app,
+        Slot::Reserved => app.layer(axum::Extension(Slot::Reserved)),
+    };
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    let wait = if slot == Slot::Reserved { RESERVED_HEADER_TIMEOUT } else { HEADER_TIMEOUT };
+    http.timer(TokioTimer::new()).header_read_timeout(wait).max_buf_size(MAX_HEADER_BYTES);
+    // A reserved connection serves one request: no client keeps one.
+    http.keep_alive(slot == Slot::Ordinary);
+    let io = TokioIo::new(WriteDeadline { inner: stream, stalled: None });
+    let _ = http.serve_connection(io, service).await;
+    drop(held);
+}
+
+/// Ordinary connections held per peer.
+#[derive(Default)]
+struct Peers(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One of a peer's ordinary connections (counted until dropped).
+struct PeerHold {
+    peers: Arc<Peers>,
+    peer: std::net::IpAddr,
+}
+
+impl Peers {
+    /// One more ordinary connection of `peer`, if it holds fewer than its share.
+    fn hold(peers: &Arc<Peers>, peer: std::net::IpAddr) -> Option<PeerHold> {
+        let mut held = peers.0.lock().ok()?;
+        let n = held.entry(peer).or_insert(0);
+        if *n >= PEER_SHARE {
+            return None;
+        }
+        *n += 1;
+        Some(PeerHold { peers: peers.clone(), peer })
+    }
+}
+
+impl Drop for PeerHold {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.peers.0.lock() {
+            if let Some(n) = held.get_mut(&self.peer) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(&self.peer);
+                }
+            }
+        }
     }
 }
 

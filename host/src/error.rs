@@ -182,6 +182,10 @@ pub enum Refusal {
     #[error("not a km0 plugin: {0}")]
     NotAPlugin(#[source] Box<Error>),
 
+    /// The new component could not be stored with the job's checkpoints.
+    #[error("the component could not be stored with the checkpoints: {0}")]
+    NotStored(#[source] Box<Error>),
+
     /// The plugin refused an aggregation's configuration (or could not be instantiated).
     #[error("aggregation {aggregation:?}: {source}")]
     Configure {

@@ -412,7 +412,7 @@ fn control(
     // Beside the job's state folder (which a RocksDB start clears), not in it.
     let token = km0::control::token_for(&parsed, &pipeline.state.dir.with_extension("token"))?;
     let mut handle = job::commands::ControlHandle::new();
-    let mut deployer = job::swap::Deployer::new(runtime.clone(), pipeline.clone());
+    let mut deployer = job::deployment::Deployer::new(runtime.clone(), pipeline.clone());
     if let Some(max) = pipeline.control.max_upload_bytes {
         deployer.max_bytes = max;
     }

@@ -407,7 +407,7 @@ async fn deploy(State(api): State<Api>, Query(q): Query<DeployQuery>, request: R
     .await;
     let deployment = match prepared {
         Ok(Ok(d)) => d,
-        Ok(Err(refused)) => return refusal(refused),
+        Ok(Err(refused)) => return refusal(refused.into()),
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
     if q.shadow {
@@ -499,6 +499,7 @@ fn status_of(refused: &Refused) -> StatusCode {
             Refusal::NoAggregation { .. } => StatusCode::NOT_FOUND,
             Refusal::OtherLogic { .. } | Refusal::ReplacesNothing { .. } => StatusCode::CONFLICT,
             Refusal::Starting => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::NotStored(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Refusal::NoState(_)
             | Refusal::OtherPipeline { .. }
             | Refusal::KeyArity { .. }

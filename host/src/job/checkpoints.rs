@@ -273,3 +273,109 @@ fn folder_bytes(dir: &Path) -> u64 {
         })
         .sum()
 }
+
+/// Write a savepoint of the job now and wait until it is durable. Returns its path and
+/// how long processing stopped.
+pub(super) fn write_savepoint(
+    job: &mut Job,
+    pipeline: &Pipeline,
+    source: &Source,
+    mut checkpoints: Option<&mut Checkpointer>,
+    dir: &Path,
+) -> std::result::Result<(PathBuf, Duration), SavepointFailed> {
+    let t = Instant::now();
+    let (path, writer) = begin_savepoint(job, pipeline, source, checkpoints.as_deref_mut(), dir)?;
+    if let Some(w) = writer {
+        join_writer(w).map_err(SavepointFailed::Savepoint)?;
+    }
+    if let Some(c) = checkpoints {
+        c.completed(job, source, true).map_err(SavepointFailed::Job)?;
+        if let Some(e) = c.savepoint_failure(&path) {
+            return Err(SavepointFailed::Savepoint(e));
+        }
+    }
+    Ok((path, t.elapsed()))
+}
+
+/// The thread writing a savepoint.
+pub(super) type SavepointWriter = std::thread::JoinHandle<Result<()>>;
+
+/// Wait for a savepoint writer.
+pub(super) fn join_writer(writer: SavepointWriter) -> Result<()> {
+    writer.join().map_err(|_| Error::Usage("the savepoint writer panicked".into())).and_then(|r| r)
+}
+
+/// Start a savepoint of the job as it is now (the sinks synced first); processing stops
+/// only to capture it. With the RocksDB backend it is incremental, written like the
+/// checkpoints (durable once the checkpointer has seen it complete). Otherwise the whole
+/// state is captured and written by another thread, whose handle is returned; when the
+/// sink commits once a snapshot is durable (a Kafka transaction) it is written here and
+/// the sink commits what it covers.
+pub(super) fn begin_savepoint(
+    job: &mut Job,
+    pipeline: &Pipeline,
+    source: &Source,
+    checkpoints: Option<&mut Checkpointer>,
+    dir: &Path,
+) -> std::result::Result<(PathBuf, Option<SavepointWriter>), SavepointFailed> {
+    let path = savepoint_path(dir, source.records());
+    if let Some(c) = checkpoints {
+        if c.savepoint(job, pipeline, source, &path).map_err(SavepointFailed::Job)? {
+            return Ok((path, None));
+        }
+    }
+    // Capturing reads the state and changes nothing: a failure fails this savepoint only.
+    let (meta, snapshots) = job.snapshot(pipeline, source).map_err(SavepointFailed::Savepoint)?;
+    let components: Vec<Component> = job.components.iter().flatten().cloned().collect();
+    if job.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
+        write_savepoint_files(&path, meta, &snapshots, &components).map_err(SavepointFailed::Savepoint)?;
+        if let Some(out) = job.output.as_mut() {
+            out.checkpoint_complete().map_err(SavepointFailed::Job)?;
+        }
+        return Ok((path, None));
+    }
+    let to = path.clone();
+    let writer = std::thread::Builder::new()
+        .name("km0-savepoint".into())
+        .spawn(move || write_savepoint_files(&to, meta, &snapshots, &components))
+        .map_err(|e| SavepointFailed::Savepoint(Error::io("start the savepoint writer", &path, e)))?;
+    Ok((path, Some(writer)))
+}
+
+/// A new savepoint's folder in `dir`: named by the records read, made unique by a
+/// number when that name is taken (on disk, or by a savepoint of this process still being
+/// written: two savepoints at one record, say a deploy's rollback point and a stop, never
+/// share a folder or its temporary one).
+pub(super) fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
+    static GIVEN: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    // Names given out and written since are on disk: only those being written are kept.
+    given.retain(|p| !p.exists());
+    let base = dir.join(format!("savepoint-{records:012}"));
+    let mut path = base.clone();
+    let mut n = 1;
+    while path.exists() || given.contains(&path) {
+        n += 1;
+        path = dir.join(format!("savepoint-{records:012}-{n}"));
+    }
+    given.push(path.clone());
+    path
+}
+
+/// Make the sinks durable to the snapshot's positions, then write the savepoint (any
+/// thread).
+fn write_savepoint_files(
+    path: &Path,
+    meta: SavepointMeta,
+    snapshots: &[Capture],
+    components: &[Component],
+) -> Result<()> {
+    meta.sinks.iter().try_for_each(crate::sink::sync)?;
+    // Fault injection for the tests: a rollback savepoint that takes this long to write.
+    if let Some(ms) = std::env::var("KM0_FAULT_SLOW_SAVEPOINT_MS").ok().and_then(|v| v.parse().ok()) {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    savepoint::write_with(path, meta, snapshots, components)?;
+    tracing::info!(path = %path.display(), "savepoint written");
+    Ok(())
+}

@@ -2,6 +2,7 @@
 //! takes between two records, and the status it publishes a few times a second.
 
 use super::Counters;
+use crate::plugin::PluginIdentity;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, Sender};
@@ -23,17 +24,14 @@ pub enum Command {
     Savepoint { reply: Sender<Result<PathBuf, Refused>> },
     /// Stop; with a savepoint, its path.
     Stop { mode: StopMode, reply: Sender<Result<Option<PathBuf>, Refused>> },
-    /// Swap in a new plugin (prepared off the job's thread by [`super::swap::Deployer`]).
-    Deploy { deployment: super::swap::Deployment, reply: Sender<Result<Deployed, Refused>> },
-    /// Run a new plugin as a shadow of the current one ([`super::shadow`]).
-    Shadow {
-        deployment: super::swap::Deployment,
-        reply: Sender<Result<super::shadow::ShadowStatus, Refused>>,
-    },
+    /// Swap in a new plugin (prepared off the job's thread by [`super::deployment::Deployer`]).
+    Deploy { deployment: super::deployment::Deployment, reply: Sender<Result<Deployed, Refused>> },
+    /// Run a new plugin as a shadow of the current one (job/shadow.rs).
+    Shadow { deployment: super::deployment::Deployment, reply: Sender<Result<ShadowStatus, Refused>> },
     /// Swap the shadow in (a live deploy with warm accumulators).
     Promote { reply: Sender<Result<Deployed, Refused>> },
     /// Drop the shadow.
-    Abandon { reply: Sender<Result<super::shadow::ShadowStatus, Refused>> },
+    Abandon { reply: Sender<Result<ShadowStatus, Refused>> },
     /// Release quarantined keys: of one aggregation or all, one key (its fields) or all;
     /// the reply says how many were released.
     Release { aggregation: Option<String>, key: Option<Vec<String>>, reply: Sender<Result<usize, Refused>> },
@@ -251,7 +249,7 @@ pub struct JobStatus {
     /// This process in the job's consumer group, when it shares its partitions with one.
     pub group: Option<GroupStatus>,
     /// A new plugin version running as a shadow, and what it found.
-    pub shadow: Option<super::shadow::ShadowStatus>,
+    pub shadow: Option<ShadowStatus>,
 }
 
 /// A process's membership of its job's consumer group.
@@ -327,7 +325,7 @@ pub struct ControlHandle {
     /// it exits, so that the caller of a stop gets its answer.
     pub answering: Arc<std::sync::atomic::AtomicUsize>,
     /// Prepares live deploys (none: the API refuses them).
-    pub deployer: Option<Arc<super::swap::Deployer>>,
+    pub deployer: Option<Arc<super::deployment::Deployer>>,
     /// A live deploy is being prepared or swapped: a second one is refused.
     pub deploying: Arc<std::sync::atomic::AtomicBool>,
     /// The job has stopped taking commands: calls are answered at once.
@@ -414,3 +412,54 @@ impl Default for ControlHandle {
 
 /// How often the loop publishes its status.
 pub const STATUS_EVERY: Duration = Duration::from_millis(250);
+
+/// What a shadow has found so far (the status's `shadow`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ShadowStatus {
+    /// The deploy it came with (its number in the deploy history).
+    pub id: u64,
+    pub aggregations: Vec<String>,
+    pub from: Vec<PluginIdentity>,
+    pub to: PluginIdentity,
+    /// Records read when it started, and when (epoch ms).
+    pub since_record: u64,
+    pub at_ms: i64,
+    /// Windows compared (every window the shadow fired, and every window the current
+    /// plugin wrote a result for), and of them: equal, different, faulted (the shadow
+    /// failed on the window's result or on one of its events); they add up.
+    pub windows: u64,
+    pub equal: u64,
+    pub different: u64,
+    pub faulted: u64,
+    /// Events the shadow failed on (dead-lettered by it, for a fault or a quarantine).
+    pub failed_events: u64,
+    /// Where every difference is written (one JSON line each).
+    pub differences_file: Option<PathBuf>,
+    /// The latest differences.
+    pub recent_differences: Vec<ShadowDifference>,
+    /// Why the shadow stopped comparing (it cannot be promoted then).
+    pub failed: Option<String>,
+    /// Seconds the shadow's calls took, and the current plugin's over the same events
+    /// (since this run started it).
+    #[serde(default)]
+    pub call_seconds: f64,
+    #[serde(default)]
+    pub current_call_seconds: f64,
+}
+
+/// One window whose results differ.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShadowDifference {
+    pub deploy: u64,
+    pub aggregation: String,
+    /// The result key (`[aggregation|]window start|key fields`).
+    pub key: String,
+    /// What the current plugin wrote, and what the shadow would have (none: no result).
+    pub current: Option<String>,
+    pub shadow: Option<String>,
+    /// The shared fields that differ (empty: one side wrote no result).
+    pub fields: Vec<String>,
+}
+
+/// The reply to a stop: the savepoint it wrote, if any.
+pub type StopReply = Sender<Result<Option<PathBuf>, Refused>>;

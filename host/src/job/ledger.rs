@@ -29,7 +29,7 @@ pub(super) struct Ledger {
     /// The shadow that ran when the snapshot was taken (written by the snapshot, read
     /// when a restart starts it again).
     #[serde(default, skip_serializing)]
-    pub(super) shadow: Option<super::shadow::ShadowStatus>,
+    pub(super) shadow: Option<super::commands::ShadowStatus>,
 }
 
 impl Ledger {

@@ -5,20 +5,32 @@
 //!
 //! Every aggregation of a pipeline reads the same decoded event: one parse serves all.
 //!
-//! - this module: the API (`run`, `deploy`, `validate`) and what a run reports;
-//! - [`running`]: a running job as one object ([`RunningJob`]: open, step, savepoint,
-//!   swap, finish);
+//! - this module: the API (`run`, `deploy`, `validate`) and what a run reports.
+//!
+//! Its files, from the bottom up (each uses only files above it in this list; CI checks
+//! it with `scripts/module-cycles.py --files`):
+//! - [`upgrade`], [`signals`], [`lag`]: the rules a plugin must pass to take over a job's
+//!   state; signals; the consumer lag's log line;
+//! - [`deployment`]: a live deploy's new plugin, prepared off the job's thread;
+//! - [`commands`]: the control port's protocol and the status it publishes;
+//! - [`ledger`]: what the control port keeps across restarts (history, probation);
+//! - [`shadow`]: a new plugin running beside the current one;
 //! - [`route`]: the job's state and what happens to one record (routing, side outputs,
 //!   snapshots and restores);
-//! - [`checkpoints`]: periodic checkpoints, taken between records;
+//! - [`checkpoints`]: periodic checkpoints and savepoints, taken between records;
+//! - [`swap`]: live deploys and shadows started, promoted and abandoned;
+//! - [`running`]: a running job as one object ([`RunningJob`]: open, step, savepoint,
+//!   swap, finish), with the control port as a [`running::Port`];
 //! - [`port`]: the loop's side of the control API (commands, status);
-//! - [`swap`]: live plugin deploys;
-//! - [`upgrade`]: the rules a plugin must pass to take over a job's state.
+//! - [`membership`], [`tasks`]: a consumer group's share, and a job of one task per
+//!   partition.
 //!
 //! [`WindowOperator`]: crate::window::operator::WindowOperator
 
 mod checkpoints;
 pub mod commands;
+pub mod deployment;
+mod lag;
 mod ledger;
 mod membership;
 mod port;
@@ -233,7 +245,7 @@ fn open<'p>(pipeline: &'p Pipeline, opts: &RunOptions, runtime: &PluginRuntime) 
     };
     let plugins = load_plugins(pipeline, runtime, restore.as_ref().map(|r| &r.savepoint), None)?;
     let savepoint_dir = restore.as_ref().map(|r| r.savepoint.path.clone());
-    let mut job = RunningJob::open(pipeline, opts, plugins, restore, Upgrade::Resume, t0)?;
+    let mut job = RunningJob::open(pipeline, opts, plugins, restore, Upgrade::Resume, t0, port_of(opts))?;
     if let Some(saved) = job.shadow_to_resume.take() {
         match shadow_deployment(pipeline, runtime, &saved, savepoint_dir.as_deref()) {
             Ok(d) => job.resume_shadow(d, &saved),
@@ -251,9 +263,9 @@ fn open<'p>(pipeline: &'p Pipeline, opts: &RunOptions, runtime: &PluginRuntime) 
 fn shadow_deployment(
     pipeline: &Pipeline,
     runtime: &PluginRuntime,
-    saved: &shadow::ShadowStatus,
+    saved: &commands::ShadowStatus,
     savepoint: Option<&Path>,
-) -> Result<swap::Deployment> {
+) -> Result<deployment::Deployment> {
     let t = Instant::now();
     let mut dirs: Vec<&Path> = savepoint.into_iter().collect();
     dirs.extend(pipeline.checkpoints.as_ref().map(|c| c.dir.as_path()));
@@ -270,7 +282,7 @@ fn shadow_deployment(
     {
         plugins.push((i, runtime.load_bytes(&label, &component.bytes, &a.plugin.config, a.plugin.limits)?));
     }
-    Ok(swap::Deployment { plugins, component, prepare: t.elapsed() })
+    Ok(deployment::Deployment { plugins, component, prepare: t.elapsed() })
 }
 
 /// What a run starts from.
@@ -334,7 +346,14 @@ fn open_deploy<'p>(
     }
     let plugins = load_plugins(pipeline, runtime, Some(&restore), Some((&label, &component, &name)))?;
     let restore = Restore { savepoint: restore, checkpoint: None };
-    RunningJob::open(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now())
+    let port = port_of(opts);
+    RunningJob::open(pipeline, opts, plugins, Some(restore), Upgrade::Deploy(name), Instant::now(), port)
+}
+
+/// The control port's side of the loop, for a job with a control API.
+fn port_of(opts: &RunOptions) -> Option<Box<dyn running::Port + Send>> {
+    let handle = opts.control.clone()?;
+    Some(Box::new(port::LoopControl::new(handle, Instant::now())))
 }
 
 /// The plugin of every aggregation, and the deployed component it runs when that is not

@@ -1,18 +1,19 @@
 //! The loop's side of the control port: it takes the commands waiting between two
 //! records (savepoints, deploys, stops) and publishes the job's status now and then.
 
+use super::checkpoints::{join_writer, SavepointFailed, SavepointWriter};
+use super::commands::StopReply;
 use super::commands::{
     CheckpointStatus, Command, ControlHandle, DeployStatus, Deployed, JobState, JobStatus, Refused, StopMode,
     STATUS_EVERY,
 };
 use super::ledger::{Ledger, Rollback, Watch};
-use super::running::{join_writer, RunningJob, SavepointFailed, SavepointWriter};
+use super::running::{Port, RunningJob};
 use super::swap::NotSwapped;
 use super::upgrade::Refusal;
 use super::*;
 use std::sync::mpsc::Sender;
 
-pub(super) type StopReply = Sender<std::result::Result<Option<PathBuf>, Refused>>;
 type DeployReply = Sender<std::result::Result<Deployed, Refused>>;
 
 pub(super) struct LoopControl {
@@ -52,35 +53,6 @@ impl LoopControl {
             pending: None,
             answers: Vec::new(),
         }
-    }
-
-    /// The history of the run this one replaces (a rollback).
-    pub(super) fn carry(&mut self, running: &mut RunningJob, r: &Rollback) {
-        self.ledger = Ledger { watch: None, ..r.ledger.clone() };
-        // The plugin rolled back to is not judged again (the savepoint may have held a
-        // deploy of it still on probation).
-        for i in 0..running.plugins().len() {
-            running.unwatch_deploy(i);
-        }
-        self.keep(running);
-    }
-
-    /// The memory of the run whose snapshot this one restored: its history, and the
-    /// deploy on probation, whose aggregations go on judging it from where they were.
-    pub(super) fn resume(&mut self, running: &mut RunningJob, mut ledger: Ledger) {
-        running.shadow_to_resume = ledger.shadow.take();
-        self.ledger = ledger;
-        let watched = self.ledger.watch.as_ref().map(|w| (self.watched_ops(running, w), w.rate, w.kept));
-        for i in 0..running.plugins().len() {
-            match &watched {
-                Some((ops, rate, kept)) if ops.contains(&i) => running.resume_watch(i, *rate, *kept),
-                _ => running.unwatch_deploy(i),
-            }
-        }
-        if let Some(w) = &self.ledger.watch {
-            tracing::info!(deploy = w.id, "the live deploy on probation is watched again");
-        }
-        self.keep(running);
     }
 
     /// The ledger, as the job's next snapshot is to hold it.
@@ -186,52 +158,6 @@ impl LoopControl {
         }));
     }
 
-    /// Send the replies held for the status to be published.
-    pub(super) fn send_answers(&mut self) {
-        for answer in self.answers.drain(..) {
-            answer();
-        }
-    }
-
-    /// Take the commands waiting (a savepoint or a deploy happens at once; a stop is
-    /// returned to the loop) and publish the status when due; then reply to the commands.
-    pub(super) fn serve(&mut self, running: &mut RunningJob) -> Result<Option<(StopMode, StopReply)>> {
-        // After a command, the status shows its effect at once.
-        let (acted, served) = self.take_commands(running);
-        if let Err(e) = &served {
-            // The job fails (the new plugin's first fault with `on_error = "fail"`, say): the
-            // deploy is answered with why.
-            if let Some(p) = self.pending.take() {
-                self.answer(p.reply, Err(Refused::Failed(format!("the job failed after the swap: {e}"))));
-            }
-        }
-        if let Some(r) = self.judge_deploy(running) {
-            running.roll_back_to(r);
-        }
-        if self.published.elapsed() >= STATUS_EVERY || acted || !self.answers.is_empty() {
-            running.flush_shadow();
-            let stopping = matches!(served, Ok(Some(_)));
-            self.publish(running, stopping);
-        }
-        self.send_answers();
-        served
-    }
-
-    /// Publish the job's status now (`stopping`: a stop was asked for).
-    pub(super) fn publish(&mut self, running: &RunningJob, stopping: bool) {
-        self.published = Instant::now();
-        let status = running.status(if stopping { JobState::Stopping } else { JobState::Running });
-        self.sample(status.counters.read);
-        self.handle.publish(self.completed(status));
-    }
-
-    /// A live deploy's rollback savepoint is still being written by its own thread (memory
-    /// backend): no checkpoint may be taken before it is durable, or a crash could recover
-    /// into the new plugin with no rollback point.
-    pub(super) fn holds_checkpoints(&self) -> bool {
-        self.pending.as_ref().and_then(|p| p.writer.as_ref()).is_some_and(|w| !w.is_finished())
-    }
-
     /// The commands waiting, carried out: whether there were any, and the stop asked for.
     fn take_commands(&mut self, running: &mut RunningJob) -> (bool, Result<Option<(StopMode, StopReply)>>) {
         let mut acted = false;
@@ -315,7 +241,7 @@ impl LoopControl {
     fn deploy(
         &mut self,
         running: &mut RunningJob,
-        deployment: super::swap::Deployment,
+        deployment: super::deployment::Deployment,
         reply: DeployReply,
     ) -> Result<()> {
         let t = Instant::now();
@@ -345,8 +271,8 @@ impl LoopControl {
     fn shadow(
         &mut self,
         running: &mut RunningJob,
-        deployment: super::swap::Deployment,
-        reply: Sender<std::result::Result<super::shadow::ShadowStatus, Refused>>,
+        deployment: super::deployment::Deployment,
+        reply: Sender<std::result::Result<super::commands::ShadowStatus, Refused>>,
     ) {
         let id = self.ledger.deployments.len() as u64 + 1;
         let started = running.start_shadow(deployment, id);
@@ -385,7 +311,7 @@ impl LoopControl {
     fn abandon(
         &mut self,
         running: &mut RunningJob,
-        reply: Sender<std::result::Result<super::shadow::ShadowStatus, Refused>>,
+        reply: Sender<std::result::Result<super::commands::ShadowStatus, Refused>>,
     ) {
         let dropped = running.abandon_shadow();
         self.answer(reply, dropped);
@@ -488,7 +414,7 @@ impl LoopControl {
 
     /// The history record of a deploy about to be swapped in (none: it replaces no
     /// aggregation).
-    fn record(&self, running: &RunningJob, deployment: &super::swap::Deployment) -> Option<Deployed> {
+    fn record(&self, running: &RunningJob, deployment: &super::deployment::Deployment) -> Option<Deployed> {
         let to = deployment.plugins.first().map(|(_, p)| p.identity().clone())?;
         let (pipeline, plugins) = (running.pipeline(), running.plugins());
         let aggregations =
@@ -579,10 +505,100 @@ impl LoopControl {
         Ok(())
     }
 
+    /// A job's status with what the port keeps: savepoints, deploys, throughput.
+    fn completed(&self, status: JobStatus) -> JobStatus {
+        JobStatus {
+            uptime_ms: self.t0.elapsed().as_millis() as u64,
+            last_savepoint: self.ledger.savepoints.last().cloned(),
+            savepoints: self.ledger.savepoints.clone(),
+            deployments: self.ledger.deployments.clone(),
+            records_per_second: self.rate(),
+            throughput: self.samples.iter().copied().collect(),
+            ..status
+        }
+    }
+}
+
+impl Port for LoopControl {
+    /// The history of the run this one replaces (a rollback).
+    fn carry(&mut self, running: &mut RunningJob, r: &Rollback) {
+        self.ledger = Ledger { watch: None, ..r.ledger.clone() };
+        // The plugin rolled back to is not judged again (the savepoint may have held a
+        // deploy of it still on probation).
+        for i in 0..running.plugins().len() {
+            running.unwatch_deploy(i);
+        }
+        self.keep(running);
+    }
+
+    /// The memory of the run whose snapshot this one restored: its history, and the
+    /// deploy on probation, whose aggregations go on judging it from where they were.
+    fn resume(&mut self, running: &mut RunningJob, mut ledger: Ledger) {
+        running.shadow_to_resume = ledger.shadow.take();
+        self.ledger = ledger;
+        let watched = self.ledger.watch.as_ref().map(|w| (self.watched_ops(running, w), w.rate, w.kept));
+        for i in 0..running.plugins().len() {
+            match &watched {
+                Some((ops, rate, kept)) if ops.contains(&i) => running.resume_watch(i, *rate, *kept),
+                _ => running.unwatch_deploy(i),
+            }
+        }
+        if let Some(w) = &self.ledger.watch {
+            tracing::info!(deploy = w.id, "the live deploy on probation is watched again");
+        }
+        self.keep(running);
+    }
+
+    /// Send the replies held for the status to be published.
+    fn send_answers(&mut self) {
+        for answer in self.answers.drain(..) {
+            answer();
+        }
+    }
+
+    /// Take the commands waiting (a savepoint or a deploy happens at once; a stop is
+    /// returned to the loop) and publish the status when due; then reply to the commands.
+    fn serve(&mut self, running: &mut RunningJob) -> Result<Option<(StopMode, StopReply)>> {
+        // After a command, the status shows its effect at once.
+        let (acted, served) = self.take_commands(running);
+        if let Err(e) = &served {
+            // The job fails (the new plugin's first fault with `on_error = "fail"`, say): the
+            // deploy is answered with why.
+            if let Some(p) = self.pending.take() {
+                self.answer(p.reply, Err(Refused::Failed(format!("the job failed after the swap: {e}"))));
+            }
+        }
+        if let Some(r) = self.judge_deploy(running) {
+            running.roll_back_to(r);
+        }
+        if self.published.elapsed() >= STATUS_EVERY || acted || !self.answers.is_empty() {
+            running.flush_shadow();
+            let stopping = matches!(served, Ok(Some(_)));
+            self.publish(running, stopping);
+        }
+        self.send_answers();
+        served
+    }
+
+    /// Publish the job's status now (`stopping`: a stop was asked for).
+    fn publish(&mut self, running: &RunningJob, stopping: bool) {
+        self.published = Instant::now();
+        let status = running.status(if stopping { JobState::Stopping } else { JobState::Running });
+        self.sample(status.counters.read);
+        self.handle.publish(self.completed(status));
+    }
+
+    /// A live deploy's rollback savepoint is still being written by its own thread (memory
+    /// backend): no checkpoint may be taken before it is durable, or a crash could recover
+    /// into the new plugin with no rollback point.
+    fn holds_checkpoints(&self) -> bool {
+        self.pending.as_ref().and_then(|p| p.writer.as_ref()).is_some_and(|w| !w.is_finished())
+    }
+
     /// The last deploy made whole now: its rollback savepoint written, the checkpoint
     /// after it taken and durable, its caller answered (before a call that writes a
     /// savepoint or changes the plugin, and before the job stops or lets its task go).
-    pub(super) fn finish_pending(&mut self, running: &mut RunningJob) -> Result<()> {
+    fn finish_pending(&mut self, running: &mut RunningJob) -> Result<()> {
         let Some(p) = &self.pending else { return Ok(()) };
         if let Some(w) = &p.writer {
             while !w.is_finished() {
@@ -597,7 +613,7 @@ impl LoopControl {
 
     /// Answer the last deploy once its rollback savepoint and its checkpoint are
     /// durable (with `wait`, now: its checkpoint has been completed by the caller).
-    pub(super) fn answer_pending(&mut self, running: &RunningJob, wait: bool) {
+    fn answer_pending(&mut self, running: &RunningJob, wait: bool) {
         let Some(p) = &self.pending else { return };
         if p.checkpoint_wanted && !wait {
             return;
@@ -620,18 +636,5 @@ impl LoopControl {
             ))),
         };
         self.answer(p.reply, answer);
-    }
-
-    /// A job's status with what the port keeps: savepoints, deploys, throughput.
-    fn completed(&self, status: JobStatus) -> JobStatus {
-        JobStatus {
-            uptime_ms: self.t0.elapsed().as_millis() as u64,
-            last_savepoint: self.ledger.savepoints.last().cloned(),
-            savepoints: self.ledger.savepoints.clone(),
-            deployments: self.ledger.deployments.clone(),
-            records_per_second: self.rate(),
-            throughput: self.samples.iter().copied().collect(),
-            ..status
-        }
     }
 }

@@ -2,7 +2,7 @@
 //! late or accepted by each aggregation; the watermark moved and what it fires written;
 //! side outputs; the state captured for checkpoints and savepoints, and restored.
 
-use super::running::{report_lag, LagReport};
+use super::lag::{report_lag, LagReport};
 use super::upgrade::{self, Refusal};
 use super::*;
 use crate::checkpoint::components::Component;

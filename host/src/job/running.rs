@@ -4,15 +4,18 @@
 //! of the input, and the run's summary). The control port, periodic checkpoints and live
 //! deploys act on the job through its methods.
 
+use super::checkpoints::write_savepoint;
 pub(super) use super::checkpoints::SavepointFailed;
 use super::checkpoints::{CheckpointStats, Checkpointer};
+use super::commands::StopReply;
 use super::commands::{
     CheckpointInfo, CheckpointStatus, ControlHandle, JobState, JobStatus, Refused, StopMode,
 };
+use super::deployment::Deployment;
+use super::lag::{report_lag, LagReport};
 use super::ledger::{Ledger, Rollback};
-use super::port::{LoopControl, StopReply};
 use super::route::Job;
-use super::swap::{Deployment, NotSwapped, Swapped};
+use super::swap::{NotSwapped, Swapped};
 use super::*;
 use crate::source::Framed;
 
@@ -40,6 +43,27 @@ pub(super) enum Ran {
     RolledBack(Box<Rollback>),
 }
 
+/// The control port's side of the loop (job/port.rs): what the loop asks of it, between
+/// records. The loop holds it by this trait, so that it does not depend on the port.
+pub(super) trait Port {
+    /// The history of the run this one replaces (a rollback).
+    fn carry(&mut self, running: &mut RunningJob, r: &Rollback);
+    /// The memory of the run whose snapshot this one restored.
+    fn resume(&mut self, running: &mut RunningJob, ledger: Ledger);
+    /// Take the commands waiting and publish the status when due: a stop asked for.
+    fn serve(&mut self, running: &mut RunningJob) -> Result<Option<(StopMode, StopReply)>>;
+    /// Publish the job's status now (`stopping`: a stop was asked for).
+    fn publish(&mut self, running: &RunningJob, stopping: bool);
+    /// Send the replies held for the status to be published.
+    fn send_answers(&mut self);
+    /// No checkpoint may be taken now (a live deploy's rollback savepoint is being written).
+    fn holds_checkpoints(&self) -> bool;
+    /// The last deploy made whole now (before the job stops or lets its task go).
+    fn finish_pending(&mut self, running: &mut RunningJob) -> Result<()>;
+    /// Answer the last deploy once its snapshots are durable (`wait`: now).
+    fn answer_pending(&mut self, running: &RunningJob, wait: bool);
+}
+
 /// One running job: its source and position, its operators and watermarks ([`Job`]), its
 /// sinks and its checkpointer, and the control port's side of the loop.
 pub(super) struct RunningJob<'p> {
@@ -57,7 +81,7 @@ pub(super) struct RunningJob<'p> {
     lag_at: LagReport,
     control: Option<ControlHandle>,
     /// Taken out while it serves commands (it acts on this job through its methods).
-    port: Option<LoopControl>,
+    port: Option<Box<dyn Port + Send>>,
     /// Commands are taken every 1024 records and whenever the source has nothing.
     take_commands: bool,
     idle_loops: u32,
@@ -80,7 +104,7 @@ pub(super) struct RunningJob<'p> {
     halted: Option<String>,
     /// The shadow the snapshot restored had running, to start again (see
     /// [`super::shadow`]).
-    pub(super) shadow_to_resume: Option<super::shadow::ShadowStatus>,
+    pub(super) shadow_to_resume: Option<super::commands::ShadowStatus>,
 }
 
 impl<'p> RunningJob<'p> {
@@ -93,6 +117,7 @@ impl<'p> RunningJob<'p> {
         restore: Option<Restore>,
         upgrade: Upgrade,
         restore_started: Instant,
+        port: Option<Box<dyn Port + Send>>,
     ) -> Result<RunningJob<'p>> {
         let (plugins, components): (Vec<Plugin>, Vec<Option<Component>>) = plugins.into_iter().unzip();
         let mut job = Job::new(pipeline, plugins)?;
@@ -149,7 +174,6 @@ impl<'p> RunningJob<'p> {
         savepoint::remove_abandoned(&savepoint_dir);
         let t0 = Instant::now();
         let control = opts.control.clone();
-        let port = control.as_ref().map(|h| LoopControl::new(h.clone(), t0));
         let mut running = RunningJob {
             pipeline,
             job,
@@ -483,7 +507,7 @@ impl<'p> RunningJob<'p> {
     /// being written (a crash could otherwise recover into the new plugin with no
     /// rollback point).
     fn periodic_checkpoint(&mut self) -> Result<()> {
-        if self.port.as_ref().is_some_and(LoopControl::holds_checkpoints) {
+        if self.port.as_ref().is_some_and(|p| p.holds_checkpoints()) {
             return Ok(());
         }
         self.checkpoint().map(drop)
@@ -571,7 +595,7 @@ impl<'p> RunningJob<'p> {
         &mut self,
         d: Deployment,
         id: u64,
-    ) -> std::result::Result<super::shadow::ShadowStatus, Refused> {
+    ) -> std::result::Result<super::commands::ShadowStatus, Refused> {
         if self.pipeline.task.is_some() {
             return Err(Refused::Closed("shadow deploys run in a job of one task".into()));
         }
@@ -582,7 +606,7 @@ impl<'p> RunningJob<'p> {
 
     /// Start again the shadow the snapshot this job restored had running, with the
     /// plugins of `d` (its component): its counts go on from the snapshot's.
-    pub(super) fn resume_shadow(&mut self, d: Deployment, saved: &super::shadow::ShadowStatus) {
+    pub(super) fn resume_shadow(&mut self, d: Deployment, saved: &super::commands::ShadowStatus) {
         let file = saved.differences_file.clone();
         match self.job.start_shadow(self.pipeline, d, saved.id, saved.since_record, file) {
             Ok(_) => {
@@ -596,7 +620,7 @@ impl<'p> RunningJob<'p> {
     }
 
     /// Drop the shadow.
-    pub(super) fn abandon_shadow(&mut self) -> std::result::Result<super::shadow::ShadowStatus, Refused> {
+    pub(super) fn abandon_shadow(&mut self) -> std::result::Result<super::commands::ShadowStatus, Refused> {
         self.job.abandon_shadow(self.pipeline)
     }
 
@@ -608,7 +632,7 @@ impl<'p> RunningJob<'p> {
     }
 
     /// The shadow's status, if one runs.
-    pub(super) fn shadow(&self) -> Option<super::shadow::ShadowStatus> {
+    pub(super) fn shadow(&self) -> Option<super::commands::ShadowStatus> {
         self.job.shadow.as_ref().map(|s| s.status())
     }
 
@@ -962,146 +986,6 @@ fn run_length(read: u64, read_before: u64, stop_after: Option<u64>, checkpoint_i
         most = most.min(due);
     }
     most.max(1)
-}
-
-/// When the consumer lag was last logged, and how often it is.
-pub(super) struct LagReport {
-    pub(super) every: Duration,
-    pub(super) last: Instant,
-}
-
-impl LagReport {
-    /// Every `lag_interval` of a Kafka source (5 s otherwise: never logged).
-    fn new(pipeline: &Pipeline) -> LagReport {
-        let every = match &pipeline.source {
-            crate::pipeline::SourceSpec::Kafka(k) => Duration::from_millis(k.lag_interval_ms as u64),
-            _ => Duration::from_secs(5),
-        };
-        LagReport { every, last: Instant::now() }
-    }
-}
-
-/// Log the consumer lag of a Kafka source when due.
-pub(super) fn report_lag(source: &Source, at: &mut LagReport) {
-    if !matches!(source, Source::Kafka(_)) || at.last.elapsed() < at.every {
-        return;
-    }
-    at.last = Instant::now();
-    for l in source.cached_lag().into_iter().filter(|l| l.high_watermark >= 0) {
-        tracing::info!(
-            partition = %l.partition,
-            lag = l.lag,
-            position = l.position,
-            high_watermark = l.high_watermark,
-            "consumer lag"
-        );
-    }
-}
-
-/// Write a savepoint of the job now and wait until it is durable. Returns its path and
-/// how long processing stopped.
-pub(super) fn write_savepoint(
-    job: &mut Job,
-    pipeline: &Pipeline,
-    source: &Source,
-    mut checkpoints: Option<&mut Checkpointer>,
-    dir: &Path,
-) -> std::result::Result<(PathBuf, Duration), SavepointFailed> {
-    let t = Instant::now();
-    let (path, writer) = begin_savepoint(job, pipeline, source, checkpoints.as_deref_mut(), dir)?;
-    if let Some(w) = writer {
-        join_writer(w).map_err(SavepointFailed::Savepoint)?;
-    }
-    if let Some(c) = checkpoints {
-        c.completed(job, source, true).map_err(SavepointFailed::Job)?;
-        if let Some(e) = c.savepoint_failure(&path) {
-            return Err(SavepointFailed::Savepoint(e));
-        }
-    }
-    Ok((path, t.elapsed()))
-}
-
-/// The thread writing a savepoint.
-pub(super) type SavepointWriter = std::thread::JoinHandle<Result<()>>;
-
-/// Wait for a savepoint writer.
-pub(super) fn join_writer(writer: SavepointWriter) -> Result<()> {
-    writer.join().map_err(|_| Error::Usage("the savepoint writer panicked".into())).and_then(|r| r)
-}
-
-/// Start a savepoint of the job as it is now (the sinks synced first); processing stops
-/// only to capture it. With the RocksDB backend it is incremental, written like the
-/// checkpoints (durable once the checkpointer has seen it complete). Otherwise the whole
-/// state is captured and written by another thread, whose handle is returned; when the
-/// sink commits once a snapshot is durable (a Kafka transaction) it is written here and
-/// the sink commits what it covers.
-pub(super) fn begin_savepoint(
-    job: &mut Job,
-    pipeline: &Pipeline,
-    source: &Source,
-    checkpoints: Option<&mut Checkpointer>,
-    dir: &Path,
-) -> std::result::Result<(PathBuf, Option<SavepointWriter>), SavepointFailed> {
-    let path = savepoint_path(dir, source.records());
-    if let Some(c) = checkpoints {
-        if c.savepoint(job, pipeline, source, &path).map_err(SavepointFailed::Job)? {
-            return Ok((path, None));
-        }
-    }
-    // Capturing reads the state and changes nothing: a failure fails this savepoint only.
-    let (meta, snapshots) = job.snapshot(pipeline, source).map_err(SavepointFailed::Savepoint)?;
-    let components: Vec<Component> = job.components.iter().flatten().cloned().collect();
-    if job.output.as_ref().is_some_and(ResultSink::commits_on_completion) {
-        write_savepoint_files(&path, meta, &snapshots, &components).map_err(SavepointFailed::Savepoint)?;
-        if let Some(out) = job.output.as_mut() {
-            out.checkpoint_complete().map_err(SavepointFailed::Job)?;
-        }
-        return Ok((path, None));
-    }
-    let to = path.clone();
-    let writer = std::thread::Builder::new()
-        .name("km0-savepoint".into())
-        .spawn(move || write_savepoint_files(&to, meta, &snapshots, &components))
-        .map_err(|e| SavepointFailed::Savepoint(Error::io("start the savepoint writer", &path, e)))?;
-    Ok((path, Some(writer)))
-}
-
-/// A new savepoint's folder in `dir`: named by the records read, made unique by a
-/// number when that name is taken (on disk, or by a savepoint of this process still being
-/// written: two savepoints at one record, say a deploy's rollback point and a stop, never
-/// share a folder or its temporary one).
-pub(super) fn savepoint_path(dir: &Path, records: u64) -> PathBuf {
-    static GIVEN: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    // Names given out and written since are on disk: only those being written are kept.
-    given.retain(|p| !p.exists());
-    let base = dir.join(format!("savepoint-{records:012}"));
-    let mut path = base.clone();
-    let mut n = 1;
-    while path.exists() || given.contains(&path) {
-        n += 1;
-        path = dir.join(format!("savepoint-{records:012}-{n}"));
-    }
-    given.push(path.clone());
-    path
-}
-
-/// Make the sinks durable to the snapshot's positions, then write the savepoint (any
-/// thread).
-fn write_savepoint_files(
-    path: &Path,
-    meta: SavepointMeta,
-    snapshots: &[Capture],
-    components: &[Component],
-) -> Result<()> {
-    meta.sinks.iter().try_for_each(crate::sink::sync)?;
-    // Fault injection for the tests: a rollback savepoint that takes this long to write.
-    if let Some(ms) = std::env::var("KM0_FAULT_SLOW_SAVEPOINT_MS").ok().and_then(|v| v.parse().ok()) {
-        std::thread::sleep(Duration::from_millis(ms));
-    }
-    savepoint::write_with(path, meta, snapshots, components)?;
-    tracing::info!(path = %path.display(), "savepoint written");
-    Ok(())
 }
 
 #[cfg(test)]

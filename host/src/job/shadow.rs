@@ -21,76 +21,22 @@
 //! which snapshots do not hold) and its counts so far, with the component kept beside the
 //! job's checkpoints.
 
-use super::commands::Refused;
-use super::route::{fields_of, operator, Job};
-use super::swap::Deployment;
-use super::upgrade::{self, Refusal};
+use super::commands::{ShadowDifference, ShadowStatus};
 use super::*;
-use crate::source::decode::Decoder;
-use crate::window::aggregator::Aggregator;
-use crate::window::operator::{Emitted, Snapshot, WindowOperator};
-use serde::{Deserialize, Serialize};
+use crate::window::operator::{Emitted, WindowOperator};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
 
 /// Differences the status keeps.
 const RECENT_DIFFERENCES: usize = 5;
 
-/// What a shadow has found so far (the status's `shadow`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ShadowStatus {
-    /// The deploy it came with (its number in the deploy history).
-    pub id: u64,
-    pub aggregations: Vec<String>,
-    pub from: Vec<PluginIdentity>,
-    pub to: PluginIdentity,
-    /// Records read when it started, and when (epoch ms).
-    pub since_record: u64,
-    pub at_ms: i64,
-    /// Windows compared (every window the shadow fired, and every window the current
-    /// plugin wrote a result for), and of them: equal, different, faulted (the shadow
-    /// failed on the window's result or on one of its events); they add up.
-    pub windows: u64,
-    pub equal: u64,
-    pub different: u64,
-    pub faulted: u64,
-    /// Events the shadow failed on (dead-lettered by it, for a fault or a quarantine).
-    pub failed_events: u64,
-    /// Where every difference is written (one JSON line each).
-    pub differences_file: Option<PathBuf>,
-    /// The latest differences.
-    pub recent_differences: Vec<ShadowDifference>,
-    /// Why the shadow stopped comparing (it cannot be promoted then).
-    pub failed: Option<String>,
-    /// Seconds the shadow's calls took, and the current plugin's over the same events
-    /// (since this run started it).
-    #[serde(default)]
-    pub call_seconds: f64,
-    #[serde(default)]
-    pub current_call_seconds: f64,
-}
-
-/// One window whose results differ.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ShadowDifference {
-    pub deploy: u64,
-    pub aggregation: String,
-    /// The result key (`[aggregation|]window start|key fields`).
-    pub key: String,
-    /// What the current plugin wrote, and what the shadow would have (none: no result).
-    pub current: Option<String>,
-    pub shadow: Option<String>,
-    /// The shared fields that differ (empty: one side wrote no result).
-    pub fields: Vec<String>,
-}
-
 /// A new plugin running beside the current one.
 pub(super) struct Shadow {
-    status: ShadowStatus,
-    component: Component,
+    pub(super) status: ShadowStatus,
+    pub(super) component: Component,
     /// (aggregation index, the shadow's operator).
-    ops: Vec<(usize, WindowOperator)>,
-    recent: VecDeque<ShadowDifference>,
+    pub(super) ops: Vec<(usize, WindowOperator)>,
+    pub(super) recent: VecDeque<ShadowDifference>,
     file: Option<std::io::BufWriter<std::fs::File>>,
     /// The shadow's results of the call being compared.
     out: Vec<Emitted>,
@@ -115,6 +61,28 @@ pub const SHADOW_ALLOWANCE: Duration = Duration::from_millis(500);
 pub const SHADOW_TIME_FACTOR: f64 = 2.0;
 
 impl Shadow {
+    /// A shadow of `ops` (with the current plugins' call seconds at its start), writing
+    /// its differences to `file`.
+    pub(super) fn new(
+        status: ShadowStatus,
+        component: Component,
+        ops: Vec<(usize, WindowOperator)>,
+        file: Option<std::io::BufWriter<std::fs::File>>,
+        current_calls: Vec<(f64, f64)>,
+    ) -> Shadow {
+        Shadow {
+            status,
+            component,
+            ops,
+            recent: VecDeque::new(),
+            file,
+            out: Vec::new(),
+            flushed: std::time::Instant::now(),
+            tainted: BTreeMap::new(),
+            current_calls,
+        }
+    }
+
     pub(super) fn status(&self) -> ShadowStatus {
         ShadowStatus { recent_differences: self.recent.iter().cloned().collect(), ..self.status.clone() }
     }
@@ -353,201 +321,6 @@ fn differ(a: Option<&str>, b: Option<&str>) -> Option<Vec<String>> {
     let fields: Vec<String> =
         a.iter().filter(|(k, v)| b.get(*k).is_some_and(|w| w != *v)).map(|(k, _)| k.clone()).collect();
     (!fields.is_empty()).then_some(fields)
-}
-
-impl Job {
-    /// Start running a deployment's plugins as a shadow of the aggregations they replace.
-    pub(super) fn start_shadow(
-        &mut self,
-        pipeline: &Pipeline,
-        d: Deployment,
-        id: u64,
-        at_record: u64,
-        file: Option<PathBuf>,
-    ) -> std::result::Result<ShadowStatus, Refused> {
-        if let Some(s) = &self.shadow {
-            return Err(Refused::Closed(format!(
-                "deploy {} runs as a shadow already: promote or abandon it first",
-                s.status.id
-            )));
-        }
-        for (i, p) in &d.plugins {
-            let op = &self.ops[*i];
-            upgrade::same_logic(op.name(), op.identity(), p.identity())?;
-            upgrade::key_fields(pipeline, op.name(), p)?;
-        }
-        // One decoder for both: the current plugins' columns, then the shadow's.
-        let mut all: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
-        all.extend(d.plugins.iter().map(|(_, p)| p as &dyn Aggregator));
-        let (decoder, mut columns) =
-            Decoder::new(pipeline, &fields_of(&all)).map_err(|e| Refusal::Fields(Box::new(e)))?;
-        let shadow_columns = columns.split_off(self.ops.len());
-        let wm = self.watermarks.current();
-        let mut ops = Vec::new();
-        let mut from = Vec::new();
-        let mut aggregations = Vec::new();
-        let mut current_calls = Vec::new();
-        let fail = |e: Error| Refused::Failed(e.to_string());
-        for ((i, plugin), cols) in d.plugins.into_iter().zip(shadow_columns) {
-            let (old, new) = (self.ops[i].identity().clone(), plugin.identity().clone());
-            let captured = self.ops[i].capture().map_err(fail)?;
-            let mut snap = Snapshot {
-                slots: captured
-                    .slots
-                    .iter()
-                    .map(|(key, id, window, acc)| crate::state::saved::SavedSlot {
-                        key: key.to_vec(),
-                        id,
-                        window,
-                        acc: acc.to_vec(),
-                    })
-                    .collect(),
-                rows: captured.rows,
-                counters: captured.counters,
-            };
-            current_calls.push((self.ops[i].plugin().call_seconds(), self.ops[i].plugin().call_seconds()));
-            let mut op = operator(pipeline, i, plugin, cols);
-            // A fault of the new plugin never stops the job (whatever `on_error` says).
-            op.set_on_error(crate::plugin::OnError::DeadLetter);
-            op.keep_quarantined_events();
-            if old.state_schema != new.state_schema {
-                op.migrate(old.state_schema, &mut snap)
-                    .map_err(|e| Refused::from(upgrade::migration_failed(&old, &new, e)))?;
-            }
-            op.restore(&snap, wm, true).map_err(fail)?;
-            aggregations.push(op.name().to_string());
-            from.push(old);
-            ops.push((i, op));
-        }
-        let Some(to) = ops.first().map(|(_, op)| op.identity().clone()) else {
-            return Err(Refused::Closed("the deploy replaces no aggregation".into()));
-        };
-        let file = match file {
-            Some(path) => {
-                let opened = path
-                    .parent()
-                    .map_or(Ok(()), std::fs::create_dir_all)
-                    .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&path));
-                match opened {
-                    Ok(f) => Some((path, std::io::BufWriter::new(f))),
-                    Err(e) => {
-                        return Err(Refused::Failed(format!(
-                            "the shadow's differences file {}: {e}",
-                            path.display()
-                        )))
-                    }
-                }
-            }
-            None => None,
-        };
-        for (op, cols) in self.ops.iter_mut().zip(columns) {
-            op.set_columns(cols);
-        }
-        self.decoder = decoder;
-        let (differences_file, file) = match file {
-            Some((p, f)) => (Some(p), Some(f)),
-            None => (None, None),
-        };
-        let status = ShadowStatus {
-            id,
-            aggregations,
-            from,
-            to,
-            since_record: at_record,
-            at_ms: metrics::now_ms(),
-            differences_file,
-            ..ShadowStatus::default()
-        };
-        tracing::info!(deploy = id, to = %format!("{} {}", status.to.name, status.to.version), at_record, "shadow started");
-        self.shadow = Some(Box::new(Shadow {
-            status: status.clone(),
-            component: d.component,
-            ops,
-            recent: VecDeque::new(),
-            file,
-            out: Vec::new(),
-            flushed: std::time::Instant::now(),
-            tainted: BTreeMap::new(),
-            current_calls,
-        }));
-        Ok(status)
-    }
-
-    /// A shadow restarted (see the module's text) takes the counts its status had.
-    pub(super) fn resumed_shadow(&mut self, saved: &ShadowStatus) {
-        if let Some(shadow) = self.shadow.as_mut() {
-            let s = &mut shadow.status;
-            (s.since_record, s.at_ms) = (saved.since_record, saved.at_ms);
-            (s.windows, s.equal, s.different, s.faulted) =
-                (saved.windows, saved.equal, saved.different, saved.faulted);
-            s.failed_events = saved.failed_events;
-            shadow.recent = saved.recent_differences.iter().cloned().collect();
-        }
-    }
-
-    /// Drop the shadow (abandoned): the decoder reads what the current plugins need again.
-    pub(super) fn abandon_shadow(
-        &mut self,
-        pipeline: &Pipeline,
-    ) -> std::result::Result<ShadowStatus, Refused> {
-        let shadow = self.take_shadow()?;
-        self.rebuild_decoder(pipeline)?;
-        tracing::info!(deploy = shadow.status.id, "shadow abandoned");
-        Ok(shadow.status())
-    }
-
-    /// Swap the shadow's operators in for the current ones (promoted): the caller took
-    /// the rollback savepoint.
-    pub(super) fn promote_shadow(
-        &mut self,
-        pipeline: &Pipeline,
-    ) -> std::result::Result<ShadowStatus, Refused> {
-        if let Some(why) = self.shadow.as_ref().and_then(|s| s.status.failed.clone()) {
-            return Err(Refused::Closed(format!("the shadow stopped ({why}): abandon it")));
-        }
-        // The decoder of the plugins after the swap first: a refusal changes nothing.
-        let plugins: Vec<&dyn Aggregator> = (0..self.ops.len())
-            .map(|i| match self.shadow.as_ref().and_then(|s| s.ops.iter().find(|(j, _)| *j == i)) {
-                Some((_, op)) => op.plugin(),
-                None => self.ops[i].plugin(),
-            })
-            .collect();
-        let (decoder, columns) =
-            Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| Refused::Failed(e.to_string()))?;
-        let mut shadow = self.take_shadow()?;
-        for (i, mut op) in std::mem::take(&mut shadow.ops) {
-            op.take_place_of(&mut self.ops[i], pipeline.aggregations[i].plugin.on_error);
-            self.ops[i] = op;
-            self.components[i] = Some(shadow.component.clone());
-        }
-        for (op, cols) in self.ops.iter_mut().zip(columns) {
-            op.set_columns(cols);
-        }
-        self.decoder = decoder;
-        let plugins: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
-        self.fingerprint = super::route::results_fingerprint(pipeline, &plugins);
-        tracing::info!(deploy = shadow.status.id, "shadow promoted");
-        Ok(shadow.status())
-    }
-
-    /// The shadow, ended here (its differences written out).
-    fn take_shadow(&mut self) -> std::result::Result<Box<Shadow>, Refused> {
-        let mut shadow = self.shadow.take().ok_or_else(|| Refused::NotFound("no shadow runs".into()))?;
-        shadow.flush();
-        Ok(shadow)
-    }
-
-    /// The decoder and columns of the current plugins alone.
-    fn rebuild_decoder(&mut self, pipeline: &Pipeline) -> std::result::Result<(), Refused> {
-        let plugins: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
-        let (decoder, columns) =
-            Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| Refused::Failed(e.to_string()))?;
-        for (op, cols) in self.ops.iter_mut().zip(columns) {
-            op.set_columns(cols);
-        }
-        self.decoder = decoder;
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Live plugin deploys into a running job.
 //!
-//! 1. Off the job's thread ([`Deployer::prepare`]): the new component is read, compiled
+//! 1. Off the job's thread ([`super::deployment::Deployer::prepare`]): the new component is read, compiled
 //!    (or taken from the cache), instantiated, asked who it is, and configured for every
 //!    aggregation it replaces (those whose plugin has its name, or the one named).
 //! 2. On the job's thread, between two records ([`Job::swap`]): the checks of an offline
@@ -19,130 +19,18 @@
 //! and deploying offline from it.
 
 use super::checkpoints::Checkpointer;
+use super::checkpoints::{begin_savepoint, join_writer, SavepointFailed, SavepointWriter};
 use super::commands::Refused;
-use super::route::{fields_of, results_fingerprint, Job};
-use super::running::{begin_savepoint, join_writer, SavepointFailed, SavepointWriter};
+use super::commands::ShadowStatus;
+use super::deployment::Deployment;
+use super::route::{fields_of, operator, results_fingerprint, Job};
+use super::shadow::Shadow;
 use super::upgrade::{self, Refusal};
 use super::*;
 use crate::sink::RewindPoint;
 use crate::source::decode::Decoder;
 use crate::window::aggregator::Aggregator;
-use std::sync::Arc;
-
-/// The largest component a live deploy takes by default (the Python SDK's are ~20 MB).
-pub const MAX_COMPONENT_BYTES: usize = 64 << 20;
-
-/// A new plugin, ready to be swapped in.
-pub struct Deployment {
-    /// Configured for each aggregation it replaces (by index in the pipeline).
-    pub plugins: Vec<(usize, Plugin)>,
-    pub component: Component,
-    /// How long preparing it took.
-    pub prepare: Duration,
-}
-
-/// Prepares live deploys for one job (in the control API's threads).
-pub struct Deployer {
-    runtime: Arc<PluginRuntime>,
-    pipeline: Pipeline,
-    /// The largest component taken.
-    pub max_bytes: usize,
-}
-
-impl Deployer {
-    pub fn new(runtime: Arc<PluginRuntime>, pipeline: Pipeline) -> Deployer {
-        Deployer { runtime, pipeline, max_bytes: MAX_COMPONENT_BYTES }
-    }
-
-    /// Read, compile, instantiate and configure `bytes` for the aggregations it replaces:
-    /// `aggregation`, or every one whose plugin (`running`: each aggregation's plugin name,
-    /// in pipeline order) has the new plugin's name.
-    pub fn prepare(
-        &self,
-        bytes: Vec<u8>,
-        aggregation: Option<&str>,
-        running: &[String],
-    ) -> std::result::Result<Deployment, Refused> {
-        let t = Instant::now();
-        if bytes.len() > self.max_bytes {
-            return Err(Refusal::TooLarge { bytes: bytes.len(), max: self.max_bytes }.into());
-        }
-        let component = Component::new(bytes);
-        let label = format!("uploaded component {}", &component.sha256[..12]);
-        let (identity, _) = self
-            .runtime
-            .inspect_bytes(&label, &component.bytes)
-            .map_err(|e| Refusal::NotAPlugin(Box::new(e)))?;
-        let aggregations = &self.pipeline.aggregations;
-        if running.len() != aggregations.len() {
-            return Err(Refusal::Starting.into());
-        }
-        let targets: Vec<usize> = match aggregation {
-            Some(name) => {
-                let Some(i) = aggregations.iter().position(|a| a.name == name) else {
-                    let known = aggregations.iter().map(|a| a.name.clone()).collect();
-                    return Err(Refusal::NoAggregation { name: name.to_string(), known }.into());
-                };
-                if running[i] != identity.name {
-                    return Err(Refusal::OtherLogic {
-                        aggregation: aggregations[i].name.clone(),
-                        held: running[i].clone(),
-                        offered: identity.name,
-                    }
-                    .into());
-                }
-                vec![i]
-            }
-            None => {
-                let found: Vec<usize> = (0..running.len()).filter(|&i| running[i] == identity.name).collect();
-                if found.is_empty() {
-                    return Err(
-                        Refusal::ReplacesNothing { held: running.to_vec(), offered: identity.name }.into()
-                    );
-                }
-                found
-            }
-        };
-        let mut plugins = Vec::new();
-        for i in targets {
-            let a = &aggregations[i];
-            let p = self
-                .runtime
-                .load_bytes(&label, &component.bytes, &a.plugin.config, a.plugin.limits)
-                .map_err(|e| Refusal::Configure { aggregation: a.name.clone(), source: Box::new(e) })?;
-            plugins.push((i, p));
-        }
-        // Kept with the checkpoints before any checkpoint records it.
-        if let Some(c) = &self.pipeline.checkpoints {
-            component.put(&c.dir).map_err(|e| Refused::Failed(e.to_string()))?;
-        }
-        Ok(Deployment { plugins, component, prepare: t.elapsed() })
-    }
-
-    /// The same deployment for another task of the job: its own plugin instances, the
-    /// component stored with its checkpoints (`checkpoints`).
-    pub fn again(
-        &self,
-        d: &Deployment,
-        checkpoints: Option<&Path>,
-    ) -> std::result::Result<Deployment, Refused> {
-        let t = Instant::now();
-        let label = format!("uploaded component {}", &d.component.sha256[..12]);
-        let mut plugins = Vec::with_capacity(d.plugins.len());
-        for (i, _) in &d.plugins {
-            let a = &self.pipeline.aggregations[*i];
-            let p = self
-                .runtime
-                .load_bytes(&label, &d.component.bytes, &a.plugin.config, a.plugin.limits)
-                .map_err(|e| Refusal::Configure { aggregation: a.name.clone(), source: Box::new(e) })?;
-            plugins.push((*i, p));
-        }
-        if let Some(dir) = checkpoints {
-            d.component.put(dir).map_err(|e| Refused::Failed(e.to_string()))?;
-        }
-        Ok(Deployment { plugins, component: d.component.clone(), prepare: t.elapsed() })
-    }
-}
+use crate::window::operator::Snapshot;
 
 /// A swap done.
 pub(super) struct Swapped {
@@ -317,5 +205,190 @@ impl Job {
         self.decoder = decoder;
         self.fingerprint = fingerprint;
         Ok(Swapped { writer, migrated, savepoint, rewind, savepoint_time, swap_time: t.elapsed() })
+    }
+}
+
+impl Job {
+    /// Start running a deployment's plugins as a shadow of the aggregations they replace.
+    pub(super) fn start_shadow(
+        &mut self,
+        pipeline: &Pipeline,
+        d: Deployment,
+        id: u64,
+        at_record: u64,
+        file: Option<PathBuf>,
+    ) -> std::result::Result<ShadowStatus, Refused> {
+        if let Some(s) = &self.shadow {
+            return Err(Refused::Closed(format!(
+                "deploy {} runs as a shadow already: promote or abandon it first",
+                s.status.id
+            )));
+        }
+        for (i, p) in &d.plugins {
+            let op = &self.ops[*i];
+            upgrade::same_logic(op.name(), op.identity(), p.identity())?;
+            upgrade::key_fields(pipeline, op.name(), p)?;
+        }
+        // One decoder for both: the current plugins' columns, then the shadow's.
+        let mut all: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
+        all.extend(d.plugins.iter().map(|(_, p)| p as &dyn Aggregator));
+        let (decoder, mut columns) =
+            Decoder::new(pipeline, &fields_of(&all)).map_err(|e| Refusal::Fields(Box::new(e)))?;
+        let shadow_columns = columns.split_off(self.ops.len());
+        let wm = self.watermarks.current();
+        let mut ops = Vec::new();
+        let mut from = Vec::new();
+        let mut aggregations = Vec::new();
+        let mut current_calls = Vec::new();
+        let fail = |e: Error| Refused::Failed(e.to_string());
+        for ((i, plugin), cols) in d.plugins.into_iter().zip(shadow_columns) {
+            let (old, new) = (self.ops[i].identity().clone(), plugin.identity().clone());
+            let captured = self.ops[i].capture().map_err(fail)?;
+            let mut snap = Snapshot {
+                slots: captured
+                    .slots
+                    .iter()
+                    .map(|(key, id, window, acc)| crate::state::saved::SavedSlot {
+                        key: key.to_vec(),
+                        id,
+                        window,
+                        acc: acc.to_vec(),
+                    })
+                    .collect(),
+                rows: captured.rows,
+                counters: captured.counters,
+            };
+            current_calls.push((self.ops[i].plugin().call_seconds(), self.ops[i].plugin().call_seconds()));
+            let mut op = operator(pipeline, i, plugin, cols);
+            // A fault of the new plugin never stops the job (whatever `on_error` says).
+            op.set_on_error(crate::plugin::OnError::DeadLetter);
+            op.keep_quarantined_events();
+            if old.state_schema != new.state_schema {
+                op.migrate(old.state_schema, &mut snap)
+                    .map_err(|e| Refused::from(upgrade::migration_failed(&old, &new, e)))?;
+            }
+            op.restore(&snap, wm, true).map_err(fail)?;
+            aggregations.push(op.name().to_string());
+            from.push(old);
+            ops.push((i, op));
+        }
+        let Some(to) = ops.first().map(|(_, op)| op.identity().clone()) else {
+            return Err(Refused::Closed("the deploy replaces no aggregation".into()));
+        };
+        let file = match file {
+            Some(path) => {
+                let opened = path
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&path));
+                match opened {
+                    Ok(f) => Some((path, std::io::BufWriter::new(f))),
+                    Err(e) => {
+                        return Err(Refused::Failed(format!(
+                            "the shadow's differences file {}: {e}",
+                            path.display()
+                        )))
+                    }
+                }
+            }
+            None => None,
+        };
+        for (op, cols) in self.ops.iter_mut().zip(columns) {
+            op.set_columns(cols);
+        }
+        self.decoder = decoder;
+        let (differences_file, file) = match file {
+            Some((p, f)) => (Some(p), Some(f)),
+            None => (None, None),
+        };
+        let status = ShadowStatus {
+            id,
+            aggregations,
+            from,
+            to,
+            since_record: at_record,
+            at_ms: metrics::now_ms(),
+            differences_file,
+            ..ShadowStatus::default()
+        };
+        tracing::info!(deploy = id, to = %format!("{} {}", status.to.name, status.to.version), at_record, "shadow started");
+        self.shadow = Some(Box::new(Shadow::new(status.clone(), d.component, ops, file, current_calls)));
+        Ok(status)
+    }
+
+    /// A shadow restarted (see the module's text) takes the counts its status had.
+    pub(super) fn resumed_shadow(&mut self, saved: &ShadowStatus) {
+        if let Some(shadow) = self.shadow.as_mut() {
+            let s = &mut shadow.status;
+            (s.since_record, s.at_ms) = (saved.since_record, saved.at_ms);
+            (s.windows, s.equal, s.different, s.faulted) =
+                (saved.windows, saved.equal, saved.different, saved.faulted);
+            s.failed_events = saved.failed_events;
+            shadow.recent = saved.recent_differences.iter().cloned().collect();
+        }
+    }
+
+    /// Drop the shadow (abandoned): the decoder reads what the current plugins need again.
+    pub(super) fn abandon_shadow(
+        &mut self,
+        pipeline: &Pipeline,
+    ) -> std::result::Result<ShadowStatus, Refused> {
+        let shadow = self.take_shadow()?;
+        self.rebuild_decoder(pipeline)?;
+        tracing::info!(deploy = shadow.status.id, "shadow abandoned");
+        Ok(shadow.status())
+    }
+
+    /// Swap the shadow's operators in for the current ones (promoted): the caller took
+    /// the rollback savepoint.
+    pub(super) fn promote_shadow(
+        &mut self,
+        pipeline: &Pipeline,
+    ) -> std::result::Result<ShadowStatus, Refused> {
+        if let Some(why) = self.shadow.as_ref().and_then(|s| s.status.failed.clone()) {
+            return Err(Refused::Closed(format!("the shadow stopped ({why}): abandon it")));
+        }
+        // The decoder of the plugins after the swap first: a refusal changes nothing.
+        let plugins: Vec<&dyn Aggregator> = (0..self.ops.len())
+            .map(|i| match self.shadow.as_ref().and_then(|s| s.ops.iter().find(|(j, _)| *j == i)) {
+                Some((_, op)) => op.plugin(),
+                None => self.ops[i].plugin(),
+            })
+            .collect();
+        let (decoder, columns) =
+            Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| Refused::Failed(e.to_string()))?;
+        let mut shadow = self.take_shadow()?;
+        for (i, mut op) in std::mem::take(&mut shadow.ops) {
+            op.take_place_of(&mut self.ops[i], pipeline.aggregations[i].plugin.on_error);
+            self.ops[i] = op;
+            self.components[i] = Some(shadow.component.clone());
+        }
+        for (op, cols) in self.ops.iter_mut().zip(columns) {
+            op.set_columns(cols);
+        }
+        self.decoder = decoder;
+        let plugins: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
+        self.fingerprint = results_fingerprint(pipeline, &plugins);
+        tracing::info!(deploy = shadow.status.id, "shadow promoted");
+        Ok(shadow.status())
+    }
+
+    /// The shadow, ended here (its differences written out).
+    fn take_shadow(&mut self) -> std::result::Result<Box<Shadow>, Refused> {
+        let mut shadow = self.shadow.take().ok_or_else(|| Refused::NotFound("no shadow runs".into()))?;
+        shadow.flush();
+        Ok(shadow)
+    }
+
+    /// The decoder and columns of the current plugins alone.
+    fn rebuild_decoder(&mut self, pipeline: &Pipeline) -> std::result::Result<(), Refused> {
+        let plugins: Vec<&dyn Aggregator> = self.ops.iter().map(|o| o.plugin()).collect();
+        let (decoder, columns) =
+            Decoder::new(pipeline, &fields_of(&plugins)).map_err(|e| Refused::Failed(e.to_string()))?;
+        for (op, cols) in self.ops.iter_mut().zip(columns) {
+            op.set_columns(cols);
+        }
+        self.decoder = decoder;
+        Ok(())
     }
 }

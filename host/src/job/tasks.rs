@@ -12,9 +12,10 @@
 //! ([`Pipeline::instance_name`]), checkpoints and RocksDB's working state go to a
 //! subfolder per task.
 
+use super::checkpoints::savepoint_path;
 use super::commands::{Command, ControlHandle, Deployed, JobState, JobStatus, Refused, StopMode, TaskStatus};
 use super::membership::{self, Membership, Order};
-use super::running::{savepoint_path, RunningJob, Step};
+use super::running::{RunningJob, Step};
 use super::*;
 use crate::checkpoint::savepoint::TaskEntry;
 use crate::pipeline::{folder_name, SourceSpec, WatermarkScope};
@@ -603,8 +604,9 @@ struct Fan<'a> {
     leave: &'a AtomicBool,
     /// A stop's reply, sent when the job has finished, and the tasks' answers.
     #[allow(clippy::type_complexity)]
-    stop:
-        Mutex<Option<(super::port::StopReply, Vec<Receiver<std::result::Result<Option<PathBuf>, Refused>>>)>>,
+    stop: Mutex<
+        Option<(super::commands::StopReply, Vec<Receiver<std::result::Result<Option<PathBuf>, Refused>>>)>,
+    >,
 }
 
 impl Fan<'_> {
@@ -749,7 +751,7 @@ impl Fan<'_> {
     /// swaps it in at its next record boundary, with its own rollback savepoint; the
     /// reply, once every task's is durable, has the job savepoint of them (the rollback
     /// point) and the longest pause.
-    fn deploy(&self, d: super::swap::Deployment, id: u64) -> std::result::Result<Deployed, Refused> {
+    fn deploy(&self, d: super::deployment::Deployment, id: u64) -> std::result::Result<Deployed, Refused> {
         let Some(deployer) = self.outer.deployer.as_ref() else {
             return Err(Refused::Closed("this job takes no live deploys".into()));
         };
@@ -889,7 +891,7 @@ impl Fan<'_> {
         };
         let running: Vec<String> = status.aggregations.iter().map(|a| a.plugin.clone()).collect();
         let aggregation = (record.aggregations.len() == 1).then(|| record.aggregations[0].as_str());
-        let answer = deployer.prepare(bytes, aggregation, &running).and_then(|d| {
+        let answer = deployer.prepare(bytes, aggregation, &running).map_err(Refused::from).and_then(|d| {
             let (tx, rx) = std::sync::mpsc::channel();
             send(&self.outer, Command::Deploy { deployment: d, reply: tx });
             rx.recv_timeout(Duration::from_secs(300))
@@ -909,7 +911,7 @@ impl Fan<'_> {
     }
 
     /// A stop sent to every task; answered with the job savepoint once the job finished.
-    fn stop(&self, mode: StopMode, reply: super::port::StopReply) {
+    fn stop(&self, mode: StopMode, reply: super::commands::StopReply) {
         let mut answers = Vec::new();
         if self.membership.is_some() {
             // The process leaves the group: its tasks hand over (checkpointed) and go on

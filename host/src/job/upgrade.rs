@@ -1,7 +1,7 @@
 //! The rules a plugin must pass to take over an aggregation's state, written once for
 //! the three ways it happens: a resume from a savepoint or checkpoint (`km0 run`), an
 //! offline deploy (`km0 deploy PLUGIN.wasm --from-savepoint`) and a live deploy
-//! ([`super::swap`]). Each rule answers with a typed [`Refusal`]: what was refused leaves
+//! (job/swap.rs). Each rule answers with a typed [`Refusal`]: what was refused leaves
 //! the job (or the savepoint) as it was. Only the control API turns a refusal into an HTTP
 //! status ([`crate::control`]), as Vector's `ReloadError` is turned into an answer by its
 //! callers. The refusals themselves are [`crate::error::Refusal`].

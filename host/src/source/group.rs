@@ -4,7 +4,7 @@
 //! own.
 //!
 //! The member consumer reads no records: the partitions it is given are paused at once,
-//! and each is read by the task that owns it (a [`super::kafka::KafkaSource`] of its own,
+//! and each is read by the task that owns it (a `KafkaSource` of its own,
 //! positioned from the task's checkpoint). The member tells its [`Owner`] what it was
 //! given and what it must give up: a revocation is answered only once the owner has let
 //! the partitions go (their tasks checkpointed), so the next owner restores from where
@@ -12,10 +12,11 @@
 //! generation; a commit from outside the group would be refused).
 
 use crate::pipeline::KafkaSourceSpec;
+use crate::pipeline::StartAt;
 use crate::{Error, Result};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::topic_partition_list::TopicPartitionList;
-use rdkafka::ClientContext;
+use rdkafka::{ClientConfig, ClientContext};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -144,7 +145,7 @@ impl GroupMember {
     /// Join `spec.group`, subscribed to the source's topics; rebalances go to `owner`
     /// (from [`Self::poll`]'s thread).
     pub fn join(spec: &KafkaSourceSpec, owner: Arc<dyn Owner>) -> Result<GroupMember> {
-        let mut config = super::kafka::group_config(spec, "km0-member");
+        let mut config = group_config(spec, "km0-member");
         // It fetches nothing worth keeping (its partitions are paused at once).
         config.set("queued.max.messages.kbytes", "64");
         for (k, v) in MEMBER_DEFAULTS {
@@ -219,4 +220,19 @@ impl GroupMember {
             }
         }
     }
+}
+
+/// What every consumer of the source's group has: its brokers and group, offsets never
+/// committed by the client on its own (km0 commits checkpointed ones), and where a
+/// partition with no offset starts.
+pub(super) fn group_config(spec: &KafkaSourceSpec, client_id: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &spec.brokers)
+        .set("group.id", &spec.group)
+        .set("client.id", client_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", if spec.start == StartAt::Latest { "latest" } else { "earliest" });
+    config
 }

@@ -282,27 +282,12 @@ fn topic_partitions(consumer: &BaseConsumer, spec: &KafkaSourceSpec) -> Result<V
     Ok(found)
 }
 
-/// What every consumer of the source's group has: its brokers and group, offsets never
-/// committed by the client on its own (km0 commits checkpointed ones), and where a
-/// partition with no offset starts.
-pub(super) fn group_config(spec: &KafkaSourceSpec, client_id: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", &spec.brokers)
-        .set("group.id", &spec.group)
-        .set("client.id", client_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", if spec.start == StartAt::Latest { "latest" } else { "earliest" });
-    config
-}
-
 impl KafkaSource {
     /// Connect, find the topics' partitions and position each one: at its offset in
     /// `resume` (matched by topic/partition), else where `spec.start` says.
     pub fn open(spec: &KafkaSourceSpec, resume: Option<&SourcePosition>) -> Result<KafkaSource> {
         let brokers = spec.brokers.clone();
-        let mut config = group_config(spec, "km0");
+        let mut config = super::group::group_config(spec, "km0");
         config
             .set("enable.partition.eof", "true")
             .set("queued.max.messages.kbytes", "8192")

@@ -2,7 +2,17 @@
 //! thread, written by a background thread, one at a time.
 
 use super::route::Job;
-use super::*;
+use crate::checkpoint::components::Component;
+use crate::checkpoint::store::{Checkpoints, SnapshotStore};
+use crate::checkpoint::{savepoint, store, SavepointMeta};
+use crate::pipeline::{CheckpointSpec, Pipeline};
+use crate::sink::ResultSink;
+use crate::source::{Source, SourcePosition};
+use crate::state::rocks::RocksState;
+use crate::window::operator::Capture;
+use crate::{metrics, Error, Result};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Pauses of the checkpoints of a run.
 #[derive(Default)]

@@ -8,13 +8,15 @@
 //! `dir = "s3://..."`, or a folder they share on one machine).
 
 use super::commands::{ControlHandle, GroupStatus};
-use super::*;
-use crate::pipeline::SourceSpec;
+use super::{unbounded, RunOptions};
+use crate::pipeline::{Pipeline, SourceSpec};
 use crate::source::group::{GroupMember, Owner, TopicPartition};
+use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// What a thread is asked to do with one of the job's tasks.
 pub(super) enum Order {

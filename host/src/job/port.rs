@@ -2,17 +2,19 @@
 //! records (savepoints, deploys, stops) and publishes the job's status now and then.
 
 use super::checkpoints::{join_writer, SavepointFailed, SavepointWriter};
-use super::commands::StopReply;
 use super::commands::{
     CheckpointStatus, Command, ControlHandle, DeployStatus, Deployed, JobState, JobStatus, Refused, StopMode,
-    STATUS_EVERY,
+    StopReply, STATUS_EVERY,
 };
 use super::ledger::{Ledger, Rollback, Watch};
 use super::running::{Port, RunningJob};
 use super::swap::NotSwapped;
 use super::upgrade::Refusal;
-use super::*;
+use crate::plugin::PluginIdentity;
+use crate::{metrics, Result};
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
 
 type DeployReply = Sender<std::result::Result<Deployed, Refused>>;
 

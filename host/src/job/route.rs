@@ -4,12 +4,25 @@
 
 use super::lag::{report_lag, LagReport};
 use super::upgrade::{self, Refusal};
-use super::*;
+use super::Upgrade;
 use crate::checkpoint::components::Component;
+use crate::checkpoint::savepoint::{PipelineIdentity, StateFile};
+use crate::checkpoint::{savepoint, OperatorMeta, Savepoint, SavepointMeta};
+use crate::pipeline::Pipeline;
+use crate::plugin::Plugin;
+use crate::sink::postgres::Barrier;
+use crate::sink::{DeadLetterSink, JsonlSink, ResultSink};
 use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
 use crate::source::json::Scalar;
-use crate::source::{line_break_at, Took};
+use crate::source::{line_break_at, Position, Source, Took};
+use crate::state::rocks::Changes;
+use crate::state::saved::Counters;
+use crate::time::{Idleness, Watermarks, Window};
 use crate::window::aggregator::Aggregator;
+use crate::window::operator::{Capture, Emitted, Verdict, WindowOperator};
+use crate::{metrics, Error, Result};
+use sha2::{Digest, Sha256};
+use std::time::{Duration, Instant};
 
 /// Fields most jobs read (time, filter, key, plugin fields): a record's slots are this
 /// many, or [`MAX_FIELDS`] for a job that reads more.

@@ -4,20 +4,31 @@
 //! of the input, and the run's summary). The control port, periodic checkpoints and live
 //! deploys act on the job through its methods.
 
-use super::checkpoints::write_savepoint;
 pub(super) use super::checkpoints::SavepointFailed;
-use super::checkpoints::{CheckpointStats, Checkpointer};
-use super::commands::StopReply;
+use super::checkpoints::{write_savepoint, CheckpointStats, Checkpointer};
 use super::commands::{
-    CheckpointInfo, CheckpointStatus, ControlHandle, JobState, JobStatus, Refused, StopMode,
+    CheckpointInfo, CheckpointStatus, ControlHandle, JobState, JobStatus, Refused, StopMode, StopReply,
 };
 use super::deployment::Deployment;
 use super::lag::{report_lag, LagReport};
 use super::ledger::{Ledger, Rollback};
 use super::route::Job;
 use super::swap::{NotSwapped, Swapped};
-use super::*;
-use crate::source::Framed;
+use super::{OperatorSummary, Restore, RunOptions, Summary, Upgrade};
+use crate::checkpoint::components::Component;
+use crate::checkpoint::store::Checkpoints;
+use crate::checkpoint::{savepoint, SavepointMeta};
+use crate::pipeline::{Backend, DeadLetterSpec, Pipeline, SinkSpec};
+use crate::plugin::{Plugin, PluginIdentity};
+use crate::sink::kafka::KafkaSink;
+use crate::sink::postgres::{PostgresSink, StartPoint};
+use crate::sink::{DeadLetterSink, JsonlSink, ResultSink};
+use crate::source::{Framed, Source};
+use crate::state::rocks::RocksState;
+use crate::{metrics, Error, Result};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// What one [`RunningJob::step`] came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,10 +22,13 @@
 //! job's checkpoints.
 
 use super::commands::{ShadowDifference, ShadowStatus};
-use super::*;
+use crate::checkpoint::components::Component;
 use crate::window::operator::{Emitted, WindowOperator};
+use crate::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
 
 /// Differences the status keeps.
 const RECENT_DIFFERENCES: usize = 5;

@@ -18,19 +18,21 @@
 //! So the output of a live swap is that of stopping with a savepoint at the same record
 //! and deploying offline from it.
 
-use super::checkpoints::Checkpointer;
-use super::checkpoints::{begin_savepoint, join_writer, SavepointFailed, SavepointWriter};
-use super::commands::Refused;
-use super::commands::ShadowStatus;
+use super::checkpoints::{begin_savepoint, join_writer, Checkpointer, SavepointFailed, SavepointWriter};
+use super::commands::{Refused, ShadowStatus};
 use super::deployment::Deployment;
 use super::route::{fields_of, operator, results_fingerprint, Job};
 use super::shadow::Shadow;
 use super::upgrade::{self, Refusal};
-use super::*;
+use crate::pipeline::Pipeline;
 use crate::sink::RewindPoint;
 use crate::source::decode::Decoder;
+use crate::source::Source;
 use crate::window::aggregator::Aggregator;
 use crate::window::operator::Snapshot;
+use crate::{metrics, Error};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// A swap done.
 pub(super) struct Swapped {

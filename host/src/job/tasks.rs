@@ -16,13 +16,17 @@ use super::checkpoints::savepoint_path;
 use super::commands::{Command, ControlHandle, Deployed, JobState, JobStatus, Refused, StopMode, TaskStatus};
 use super::membership::{self, Membership, Order};
 use super::running::{RunningJob, Step};
-use super::*;
+use super::{RunOptions, Summary};
+use crate::checkpoint::savepoint;
 use crate::checkpoint::savepoint::TaskEntry;
-use crate::pipeline::{folder_name, SourceSpec, WatermarkScope};
+use crate::pipeline::{folder_name, DeadLetterSpec, Pipeline, SinkSpec, SourceSpec, WatermarkScope};
 use crate::source::group::{GroupMember, TopicPartition};
+use crate::{metrics, Error, Result};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Opens a task: a run resumed or fresh, or a deploy from the task's savepoint.
 pub(super) type Open<'o> = dyn for<'a> Fn(&'a Pipeline, &RunOptions) -> Result<RunningJob<'a>> + Sync + 'o;

@@ -306,6 +306,43 @@ pub const RECENT_SIDE_RECORDS: usize = 10;
 /// How long the throughput history goes back.
 pub const THROUGHPUT_WINDOW_MS: i64 = 300_000;
 
+/// Records read, sampled about every second for the last [`THROUGHPUT_WINDOW_MS`]: the
+/// status's throughput history and rate, the same for a job of one task or of many.
+#[derive(Debug, Default)]
+pub struct Throughput {
+    samples: std::collections::VecDeque<(i64, u64)>,
+}
+
+impl Throughput {
+    /// `read` records at `now_ms` (kept when a second has passed since the last sample).
+    pub fn sample(&mut self, now_ms: i64, read: u64) {
+        if self.samples.back().is_some_and(|&(t, _)| now_ms - t < 1000) {
+            return;
+        }
+        self.samples.push_back((now_ms, read));
+        while self.samples.front().is_some_and(|&(t, _)| now_ms - t > THROUGHPUT_WINDOW_MS) {
+            self.samples.pop_front();
+        }
+    }
+
+    /// Records per second over the last (up to) five intervals (0 when records went back,
+    /// as after a rollback).
+    pub fn rate(&self) -> f64 {
+        let n = self.samples.len();
+        match (self.samples.get(n.saturating_sub(6)), self.samples.back()) {
+            (Some(&(t0, r0)), Some(&(t1, r1))) if t1 > t0 => {
+                r1.saturating_sub(r0) as f64 * 1e3 / (t1 - t0) as f64
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// The samples, oldest first.
+    pub fn history(&self) -> Vec<(i64, u64)> {
+        self.samples.iter().copied().collect()
+    }
+}
+
 /// Checkpoints kept in a job's published history.
 pub const CHECKPOINT_HISTORY: usize = 50;
 
@@ -463,3 +500,32 @@ pub struct ShadowDifference {
 
 /// The reply to a stop: the savepoint it wrote, if any.
 pub type StopReply = Sender<Result<Option<PathBuf>, Refused>>;
+
+#[cfg(test)]
+mod tests {
+    use super::Throughput;
+
+    #[test]
+    fn throughput_is_the_rate_over_the_last_five_seconds_and_never_negative() {
+        let mut t = Throughput::default();
+        assert_eq!(t.rate(), 0.0);
+        // 100 records a second for 3 s, then 400 a second for 5 s (hand-counted).
+        for s in 0..=3i64 {
+            t.sample(s * 1000, s as u64 * 100);
+        }
+        t.sample(3500, 999_999); // within a second of the last sample: not kept
+        for s in 4..=8i64 {
+            t.sample(s * 1000, 300 + (s as u64 - 3) * 400);
+        }
+        assert_eq!(t.history().len(), 9);
+        // From 3 s (300) to 8 s (2 300): 2 000 records in 5 s.
+        assert_eq!(t.rate(), 400.0);
+        // A rollback: fewer records read than before.
+        t.sample(9000, 50);
+        assert_eq!(t.history().last(), Some(&(9000, 50)));
+        assert!(t.rate() >= 0.0);
+        // Samples older than five minutes go.
+        t.sample(9000 + super::THROUGHPUT_WINDOW_MS, 60);
+        assert_eq!(t.history().first(), Some(&(9000, 50)));
+    }
+}

@@ -4,7 +4,7 @@
 use super::checkpoints::{join_writer, SavepointFailed, SavepointWriter};
 use super::commands::{
     CheckpointStatus, Command, ControlHandle, DeployStatus, Deployed, JobState, JobStatus, Refused, StopMode,
-    StopReply, STATUS_EVERY,
+    StopReply, Throughput, STATUS_EVERY,
 };
 use super::ledger::{Ledger, Rollback, Watch};
 use super::running::{Port, RunningJob};
@@ -26,7 +26,7 @@ pub(super) struct LoopControl {
     /// job's snapshots).
     ledger: Ledger,
     /// Records read, sampled about every second (the throughput history).
-    samples: std::collections::VecDeque<(i64, u64)>,
+    throughput: Throughput,
     /// A swap whose rollback savepoint or checkpoint is being written: answered once
     /// both are durable.
     pending: Option<PendingDeploy>,
@@ -51,7 +51,7 @@ impl LoopControl {
             t0,
             published: Instant::now() - STATUS_EVERY,
             ledger: Ledger::default(),
-            samples: Default::default(),
+            throughput: Throughput::default(),
             pending: None,
             answers: Vec::new(),
         }
@@ -456,27 +456,6 @@ impl LoopControl {
         }
     }
 
-    /// Keep the records read about every second, for the last five minutes.
-    fn sample(&mut self, read: u64) {
-        let now = metrics::now_ms();
-        if self.samples.back().is_some_and(|&(t, _)| now - t < 1000) {
-            return;
-        }
-        self.samples.push_back((now, read));
-        while self.samples.front().is_some_and(|&(t, _)| now - t > super::commands::THROUGHPUT_WINDOW_MS) {
-            self.samples.pop_front();
-        }
-    }
-
-    /// Records per second over the last (up to) five samples.
-    fn rate(&self) -> f64 {
-        let n = self.samples.len();
-        match (self.samples.get(n.saturating_sub(6)), self.samples.back()) {
-            (Some(&(t0, r0)), Some(&(t1, r1))) if t1 > t0 => (r1 - r0) as f64 * 1e3 / (t1 - t0) as f64,
-            _ => 0.0,
-        }
-    }
-
     fn saved(&mut self, path: &Path) {
         let savepoints = &mut self.ledger.savepoints;
         if savepoints.len() == super::commands::CHECKPOINT_HISTORY {
@@ -514,8 +493,8 @@ impl LoopControl {
             last_savepoint: self.ledger.savepoints.last().cloned(),
             savepoints: self.ledger.savepoints.clone(),
             deployments: self.ledger.deployments.clone(),
-            records_per_second: self.rate(),
-            throughput: self.samples.iter().copied().collect(),
+            records_per_second: self.throughput.rate(),
+            throughput: self.throughput.history(),
             ..status
         }
     }
@@ -586,7 +565,7 @@ impl Port for LoopControl {
     fn publish(&mut self, running: &RunningJob, stopping: bool) {
         self.published = Instant::now();
         let status = running.status(if stopping { JobState::Stopping } else { JobState::Running });
-        self.sample(status.counters.read);
+        self.throughput.sample(metrics::now_ms(), status.counters.read);
         self.handle.publish(self.completed(status));
     }
 

@@ -13,7 +13,9 @@
 //! subfolder per task.
 
 use super::checkpoints::savepoint_path;
-use super::commands::{Command, ControlHandle, Deployed, JobState, JobStatus, Refused, StopMode, TaskStatus};
+use super::commands::{
+    Command, ControlHandle, Deployed, JobState, JobStatus, Refused, StopMode, TaskStatus, Throughput,
+};
 use super::membership::{self, Membership, Order};
 use super::running::{RunningJob, Step};
 use super::{RunOptions, Summary};
@@ -616,7 +618,7 @@ struct Fan<'a> {
 impl Fan<'_> {
     fn serve(&self) {
         let t0 = Instant::now();
-        let mut samples: std::collections::VecDeque<(i64, u64)> = Default::default();
+        let mut throughput = Throughput::default();
         let mut savepoints = Vec::new();
         let mut deployments: Vec<Deployed> = Vec::new();
         while !self.done.load(Ordering::SeqCst) {
@@ -661,15 +663,9 @@ impl Fan<'_> {
                 None => {}
             }
             let mut status = self.status(t0);
-            let now = metrics::now_ms();
-            if samples.back().is_none_or(|&(t, _)| now - t >= 1000) {
-                samples.push_back((now, status.counters.read));
-            }
-            while samples.front().is_some_and(|&(t, _)| now - t > super::commands::THROUGHPUT_WINDOW_MS) {
-                samples.pop_front();
-            }
-            status.records_per_second = rate(&samples);
-            status.throughput = samples.iter().copied().collect();
+            throughput.sample(metrics::now_ms(), status.counters.read);
+            status.records_per_second = throughput.rate();
+            status.throughput = throughput.history();
             status.last_savepoint = savepoints.last().cloned();
             status.savepoints = savepoints.clone();
             status.deployments = deployments.clone();
@@ -1035,20 +1031,6 @@ impl Fan<'_> {
             .map(|m| m.status(job.tasks.iter().map(|t| t.partition.clone()).collect()));
         job
     }
-}
-
-/// Records per second over the last (up to) five samples.
-fn rate(samples: &std::collections::VecDeque<(i64, u64)>) -> f64 {
-    let n = samples.len();
-    if n < 2 {
-        return 0.0;
-    }
-    let (t1, r1) = samples[n - 1];
-    let (t0, r0) = samples[n.saturating_sub(6)];
-    if t1 <= t0 {
-        return 0.0;
-    }
-    (r1.saturating_sub(r0)) as f64 * 1000.0 / (t1 - t0) as f64
 }
 
 /// Send a task a command (refused at once when the task has stopped).

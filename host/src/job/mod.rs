@@ -22,14 +22,17 @@
 //! - [`running`]: a running job as one object ([`RunningJob`]: open, step, savepoint,
 //!   swap, finish), with the control port as a [`running::Port`];
 //! - [`port`]: the loop's side of the control API (commands, status);
-//! - [`membership`], [`tasks`]: a consumer group's share, and a job of one task per
-//!   partition.
+//! - [`membership`], [`tasks`]: a consumer group's share, and the tasks of a job of one
+//!   task per partition;
+//! - [`fan`]: the control port of a job of tasks (each command fanned out to the tasks);
+//! - [`threads`]: the threads that run the tasks, and the job's summary of theirs.
 //!
 //! [`WindowOperator`]: crate::window::operator::WindowOperator
 
 mod checkpoints;
 pub mod commands;
 pub mod deployment;
+mod fan;
 mod lag;
 mod ledger;
 mod membership;
@@ -40,6 +43,7 @@ pub mod shadow;
 pub mod signals;
 pub mod swap;
 mod tasks;
+mod threads;
 pub mod upgrade;
 
 use route::Job;
@@ -149,7 +153,7 @@ enum Upgrade {
 /// partition ([`tasks`]).
 pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<Summary> {
     if tasks::per_partition(pipeline) {
-        return tasks::run(pipeline, opts, &|p, o| open(p, o, runtime));
+        return threads::run(pipeline, opts, &|p, o| open(p, o, runtime));
     }
     tasks::check_one_task(pipeline, opts)?;
     // A rollback the last run left under way is carried out before anything else.
@@ -297,7 +301,7 @@ pub fn deploy(
 ) -> Result<Summary> {
     if tasks::per_partition(pipeline) {
         let opts = RunOptions { from_savepoint: Some(from_savepoint.to_path_buf()), ..opts.clone() };
-        return tasks::run(pipeline, &opts, &|p, o| match &o.from_savepoint {
+        return threads::run(pipeline, &opts, &|p, o| match &o.from_savepoint {
             Some(sp) => open_deploy(p, plugin_path, sp, o, runtime),
             None => Err(Error::Usage(format!(
                 "the savepoint {} holds no state of task {} to deploy into",

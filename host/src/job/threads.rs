@@ -1,0 +1,443 @@
+//! The threads that run a job's tasks: `--parallelism N` threads each step their share of
+//! the tasks in turn (in a consumer group, the tasks the group gives this process), and
+//! the job's summary and savepoint are made of the tasks' (job/tasks.rs plans them).
+
+use super::checkpoints::savepoint_path;
+use super::commands::{ControlHandle, Refused};
+use super::fan::{Fan, TaskPort};
+use super::membership::{self, Membership, Order};
+use super::running::Step;
+use super::tasks::{kafka_partition, plan, task_file, task_savepoints, Open, Task};
+use super::{RunOptions, Summary};
+use crate::checkpoint::savepoint;
+use crate::checkpoint::savepoint::TaskEntry;
+use crate::pipeline::{Pipeline, SourceSpec};
+use crate::source::group::GroupMember;
+use crate::{metrics, Error, Result};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Run the job's tasks on `--parallelism` threads (default: the cores, at most the
+/// tasks), each opened by `open`; their summaries summed, and their savepoints one job
+/// savepoint.
+pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result<Summary> {
+    let in_group = membership::shares_group(pipeline, opts);
+    if in_group {
+        membership::check(pipeline, opts)?;
+    }
+    let mut tasks = plan(pipeline, opts)?;
+    let mut restore = vec![None; tasks.len()];
+    if let Some(sp) = &opts.from_savepoint {
+        let (from, ended) = task_savepoints(sp, &tasks)?;
+        restore = from;
+        let mut i = 0;
+        tasks.retain(|_| (!ended[i], i += 1).0);
+        let mut i = 0;
+        restore.retain(|_| (!ended[i], i += 1).0);
+    }
+    if tasks.is_empty() {
+        return Err(Error::Usage(format!("pipeline {:?} has no partition left to run", pipeline.name)));
+    }
+    if let Some(c) = &pipeline.checkpoints {
+        let one_task = std::fs::read_dir(&c.dir)
+            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("chk-")))
+            .unwrap_or(false);
+        if one_task {
+            tracing::warn!(
+                dir = %c.dir.display(),
+                "this folder holds checkpoints of the job run as one task: its tasks keep theirs in task-N/ and \
+                 do not recover from those (resume from a savepoint to carry state over)"
+            );
+        }
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads = opts.parallelism.or(pipeline.parallelism).unwrap_or(cores).clamp(1, tasks.len());
+    let sp_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
+    let failed = Arc::new(AtomicBool::new(false));
+    // In a consumer group the group decides which tasks run here, and when.
+    let (membership, mut inboxes, member) = match (&pipeline.source, in_group) {
+        (SourceSpec::Kafka(k), true) => {
+            let parts = tasks.iter().map(|t| kafka_partition(&t.pipeline)).collect();
+            // Live deploys are recorded in the job's shared store for every process.
+            let deploys = match pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref()) {
+                Some(url) => Some(crate::checkpoint::remote::RemoteStore::open(url)?),
+                None => None,
+            };
+            let (m, inboxes) = Membership::new(&k.group, parts, threads, failed.clone(), deploys);
+            let member = GroupMember::join(k, m.clone())?;
+            (Some(m), inboxes.into_iter().map(Some).collect(), Some(member))
+        }
+        _ => (None, (0..threads).map(|_| None).collect::<Vec<_>>(), None),
+    };
+    let committer = member.as_ref().map(GroupMember::committer);
+    let task_opts: Vec<RunOptions> = tasks
+        .iter()
+        .zip(restore)
+        .map(|(t, from)| RunOptions {
+            output: opts.output.as_ref().map(|p| task_file(p, &t.name)),
+            savepoint_dir: Some(sp_dir.join(".tasks").join(&t.name)),
+            from_savepoint: from,
+            control: opts.control.as_ref().map(|_| ControlHandle::new()),
+            parallelism: None,
+            committer: committer.clone(),
+            ..opts.clone()
+        })
+        .collect();
+    tracing::info!(pipeline = %pipeline.name, tasks = tasks.len(), threads, in_group, "job started as tasks");
+    let leave = AtomicBool::new(false);
+    let finished = AtomicBool::new(member.is_none());
+    let fan = opts.control.clone().map(|outer| Fan {
+        outer,
+        tasks: tasks
+            .iter()
+            .zip(&task_opts)
+            .enumerate()
+            .filter_map(|(i, (t, o))| {
+                Some(TaskPort {
+                    name: t.name.clone(),
+                    partition: t.partition.clone(),
+                    thread: i % threads,
+                    handle: o.control.clone()?,
+                    checkpoints: t.pipeline.checkpoints.as_ref().map(|c| c.dir.clone()),
+                    owned: membership.as_ref().map(|m| m.owned[i].clone()),
+                })
+            })
+            .collect(),
+        membership: membership.clone(),
+        leave: &leave,
+        pipeline: pipeline.name.clone(),
+        sp_dir: sp_dir.clone(),
+        done: AtomicBool::new(false),
+        stop: Mutex::new(None),
+    });
+    let (tasks_ref, opts_ref, failed_ref, finished_ref) = (&tasks, &task_opts, &*failed, &finished);
+    let outcomes: Vec<std::thread::Result<Result<Driven>>> = std::thread::scope(|s| {
+        let fan_thread = fan.as_ref().map(|f| s.spawn(move || f.serve()));
+        let member_thread = member.zip(membership.clone()).map(|(member, m)| {
+            let flags = (&leave, failed_ref, finished_ref);
+            let fan = fan.as_ref();
+            s.spawn(move || {
+                membership::serve(member, &m, flags, &|| {
+                    if let Some(f) = fan {
+                        f.follow_deploys();
+                    }
+                })
+            })
+        });
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                // In a group, the group assigns the tasks (orders come in the inbox).
+                let inbox = inboxes[t].take();
+                let mine: Vec<usize> = if inbox.is_some() {
+                    Vec::new()
+                } else {
+                    (t..tasks_ref.len()).step_by(threads).collect()
+                };
+                let thread = Thread { mine, inbox, finished: finished_ref };
+                std::thread::Builder::new()
+                    .name(format!("km0-task-thread-{t}"))
+                    .spawn_scoped(s, move || drive(thread, tasks_ref, opts_ref, open, failed_ref))
+            })
+            .collect();
+        let out = workers
+            .into_iter()
+            .map(|w| match w {
+                Ok(w) => w.join(),
+                Err(e) => Ok(Err(Error::io("start a task thread", &pipeline.file, e))),
+            })
+            .collect();
+        if let Some(f) = &fan {
+            f.done.store(true, Ordering::SeqCst);
+        }
+        if let Some(t) = fan_thread {
+            let _ = t.join();
+        }
+        if let Some(t) = member_thread {
+            let _ = t.join();
+        }
+        out
+    });
+    let mut parts = Vec::new();
+    let mut first_error = None;
+    let (mut cpu, mut elapsed) = (Duration::ZERO, Duration::ZERO);
+    for o in outcomes {
+        match o {
+            Ok(Ok(d)) => {
+                cpu += d.cpu;
+                elapsed = elapsed.max(d.elapsed);
+                parts.extend(d.summaries);
+            }
+            Ok(Err(e)) => first_error = first_error.or(Some(e)),
+            Err(_) => first_error = first_error.or(Some(Error::Usage("a task thread panicked".into()))),
+        }
+    }
+    let stop_reply = fan.as_ref().and_then(|f| f.stop.lock().ok().and_then(|mut s| s.take()));
+    let result = match first_error {
+        Some(e) => Err(e),
+        None => finish(pipeline, &tasks, parts, &sp_dir, (cpu, elapsed), in_group),
+    };
+    if let Some((reply, answers)) = stop_reply {
+        let refused = answers.iter().find_map(|rx| match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(Err(e)) => Some(e),
+            _ => None,
+        });
+        let _ = reply.send(match (&result, refused) {
+            (_, Some(e)) => Err(e),
+            (Ok(s), None) => Ok(s.savepoint.clone()),
+            (Err(e), None) => Err(Refused::Failed(e.to_string())),
+        });
+    }
+    result
+}
+
+/// One thread's share of the tasks: those it runs from the start, or (in a consumer group)
+/// the orders that give it tasks and take them away, until the process has left the group.
+struct Thread<'a> {
+    mine: Vec<usize>,
+    inbox: Option<Receiver<Order>>,
+    finished: &'a AtomicBool,
+}
+
+/// What one thread did: its tasks' summaries, its CPU time and how long it ran.
+struct Driven {
+    summaries: Vec<(usize, Summary)>,
+    cpu: Duration,
+    elapsed: Duration,
+}
+
+/// How long a thread waits before it opens again a task that another process took while
+/// the group still gives it to this one (a rebalance that overlapped two owners).
+const REOPEN_AFTER: Duration = Duration::from_secs(2);
+
+/// Steps a task takes in a row on its thread before the next task's turn (up to ~64 000
+/// records, ~15 ms): with four tasks on one thread, turns of 1 024 records cost ~5% more CPU
+/// per record than one task, turns of 64 steps about 1% (the tasks' state and plugin
+/// memory take turns in the caches). Commands wait at most a turn.
+const TURN: usize = 64;
+
+/// One thread's loop: open its tasks, then step each in turn until all have finished
+/// (sleeping only when every one of them waits for input). A task that fails stops the
+/// job: every thread leaves its tasks where they are (as a crash would; each recovers
+/// from its checkpoints).
+fn drive(
+    thread: Thread,
+    tasks: &[Task],
+    opts: &[RunOptions],
+    open: &Open,
+    failed: &AtomicBool,
+) -> Result<Driven> {
+    let fail = |e: Error, task: &str| {
+        failed.store(true, Ordering::SeqCst);
+        tracing::error!(task, error = %e, "task failed; the job stops");
+        e
+    };
+    let mut live = Vec::with_capacity(thread.mine.len());
+    for &i in &thread.mine {
+        if failed.load(Ordering::SeqCst) {
+            return Err(Error::Usage("another task failed".into()));
+        }
+        let job = open(&tasks[i].pipeline, &opts[i]).map_err(|e| fail(e, &tasks[i].name))?;
+        let step = job.first_step();
+        live.push((i, job, step));
+    }
+    let (cpu0, t0) = (metrics::thread_cpu_time(), Instant::now());
+    let mut summaries = Vec::with_capacity(thread.mine.len());
+    // Tasks fenced here, and when to open them again.
+    let mut retry: Vec<(usize, Instant)> = Vec::new();
+    loop {
+        if failed.load(Ordering::SeqCst) {
+            return Err(Error::Usage("another task failed".into()));
+        }
+        if let Some(inbox) = &thread.inbox {
+            // A thread with nothing to run waits for the group to give it a task.
+            let first = if live.is_empty() {
+                if thread.finished.load(Ordering::SeqCst) {
+                    break;
+                }
+                inbox.recv_timeout(Duration::from_millis(20)).ok()
+            } else {
+                None
+            };
+            // Tasks fenced here that the group has not taken away since: open again (the
+            // other owner was the one the group moved it away from, or will be fenced in
+            // turn until the group settles).
+            let now = Instant::now();
+            let due: Vec<usize> = retry.iter().filter(|(_, at)| *at <= now).map(|(i, _)| *i).collect();
+            retry.retain(|(_, at)| *at > now);
+            for order in due.into_iter().map(Order::Open).chain(first).chain(inbox.try_iter()) {
+                match order {
+                    Order::Open(i) => {
+                        if let Some(h) = &opts[i].control {
+                            h.closed.store(false, Ordering::SeqCst);
+                        }
+                        let job = match open(&tasks[i].pipeline, &opts[i]) {
+                            Ok(job) => job,
+                            // A newer owner took it already: the group moves it away soon.
+                            Err(e @ Error::Fenced { .. }) => {
+                                tracing::warn!(task = %tasks[i].name, error = %e, "task not opened: another process took it; trying again unless the group moves it");
+                                retry.push((i, Instant::now() + REOPEN_AFTER));
+                                continue;
+                            }
+                            Err(e) => return Err(fail(e, &tasks[i].name)),
+                        };
+                        let step = job.first_step();
+                        live.push((i, job, step));
+                    }
+                    Order::Release { task, checkpoint, done } => {
+                        retry.retain(|(i, _)| *i != task);
+                        if let Some(k) = live.iter().position(|(i, _, _)| *i == task) {
+                            let (i, job, _) = live.remove(k);
+                            match job.release(checkpoint) {
+                                Ok(s) => summaries.push((i, s)),
+                                // As if the process had crashed for this task: the next
+                                // owner recovers its newest complete checkpoint.
+                                Err(e) => {
+                                    tracing::warn!(task = %tasks[i].name, error = %e, "the task's hand-over checkpoint failed")
+                                }
+                            }
+                            if let Some(h) = &opts[i].control {
+                                membership::close_port(h);
+                            }
+                            tracing::info!(task = %tasks[i].name, checkpointed = checkpoint, "task handed over");
+                        }
+                        drop(done);
+                    }
+                }
+            }
+            if live.is_empty() {
+                continue;
+            }
+        } else if live.is_empty() {
+            break;
+        }
+        let (mut going, mut wait) = (false, Duration::MAX);
+        let mut k = 0;
+        while k < live.len() {
+            let (i, job, step) = &mut live[k];
+            // A turn is up to TURN steps (of up to 1 024 records each): a task's keys and
+            // windows stay in the caches for a while before the next task's replace them.
+            let mut next = *step;
+            let mut fenced = None;
+            for _ in 0..TURN {
+                if !matches!(next, Step::Going | Step::Idle(_)) {
+                    break;
+                }
+                match job.step() {
+                    Ok(s) => next = s,
+                    // In a group, another process took the task (the group moved its
+                    // partition while this one still ran it): it is dropped here, as a
+                    // crash would drop it, and goes on there.
+                    Err(e @ Error::Fenced { .. }) if thread.inbox.is_some() => {
+                        fenced = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(fail(e, &tasks[*i].name)),
+                }
+                if next != Step::Going {
+                    break;
+                }
+            }
+            if let Some(e) = fenced {
+                let (i, _, _) = live.remove(k);
+                tracing::warn!(task = %tasks[i].name, error = %e, "task dropped: another process took it; trying again unless the group moves it");
+                retry.push((i, Instant::now() + REOPEN_AFTER));
+                if let Some(h) = &opts[i].control {
+                    membership::close_port(h);
+                }
+                continue;
+            }
+            match next {
+                Step::Ended | Step::Stopped(_) => {
+                    let (i, job, _) = live.remove(k);
+                    summaries.push((i, job.finish(next).map_err(|e| fail(e, &tasks[i].name))?));
+                    if let Some(h) = &opts[i].control {
+                        h.closed.store(true, Ordering::SeqCst);
+                        h.refuse_waiting("the task has stopped");
+                    }
+                    continue;
+                }
+                Step::Idle(w) => wait = wait.min(w),
+                Step::Going => going = true,
+                // Not watched in a job of several tasks (`why_not_watched`).
+                Step::RollBack => {
+                    return Err(fail(
+                        Error::Usage("a task cannot roll a deploy back".into()),
+                        &tasks[*i].name,
+                    ))
+                }
+            }
+            *step = next;
+            k += 1;
+        }
+        if !going && !live.is_empty() {
+            std::thread::sleep(wait.min(Duration::from_millis(20)));
+        }
+    }
+    Ok(Driven { summaries, cpu: metrics::thread_cpu_time().saturating_sub(cpu0), elapsed: t0.elapsed() })
+}
+
+/// The job's summary from its tasks': counters summed, the clock the slowest task's, and
+/// one job savepoint of the tasks' savepoints.
+fn finish(
+    pipeline: &Pipeline,
+    tasks: &[Task],
+    mut parts: Vec<(usize, Summary)>,
+    sp_dir: &Path,
+    (cpu, elapsed): (Duration, Duration),
+    in_group: bool,
+) -> Result<Summary> {
+    parts.sort_by_key(|(i, _)| *i);
+    let saved: Vec<(TaskEntry, Option<PathBuf>)> = parts
+        .iter()
+        .map(|(i, s)| {
+            let t = &tasks[*i];
+            let entry = TaskEntry {
+                task: t.name.clone(),
+                partition: t.partition.clone(),
+                ended: s.savepoint.is_none(),
+            };
+            (entry, s.savepoint.clone())
+        })
+        .collect();
+    let mut iter = parts.into_iter().map(|(_, s)| s);
+    let Some(mut sum) = iter.next() else {
+        if in_group {
+            // The group gave this process no partition while it ran.
+            return Ok(Summary { cpu, elapsed, ..Summary::default() });
+        }
+        return Err(Error::Usage("the job ran no task".into()));
+    };
+    for s in iter {
+        sum.counters.add(&s.counters);
+        for (o, p) in sum.operators.iter_mut().zip(&s.operators) {
+            o.counters.add(&p.counters);
+            o.open_slots += p.open_slots;
+            o.keys += p.keys;
+        }
+        sum.open_windows += s.open_windows;
+        sum.watermark = sum.watermark.min(s.watermark);
+        sum.migrated.extend(s.migrated);
+        sum.records_this_run += s.records_this_run;
+        sum.recovered_from = sum.recovered_from.or(s.recovered_from);
+        sum.restore_time = sum.restore_time.max(s.restore_time);
+        sum.checkpoints += s.checkpoints;
+        sum.checkpoint_pause_max = sum.checkpoint_pause_max.max(s.checkpoint_pause_max);
+        sum.checkpoint_pause_total += s.checkpoint_pause_total;
+        sum.savepoint_pause = sum.savepoint_pause.max(s.savepoint_pause);
+        sum.lag.extend(s.lag);
+        sum.backpressure_pauses += s.backpressure_pauses;
+    }
+    sum.cpu = cpu;
+    sum.elapsed = elapsed;
+    sum.savepoint = None;
+    if saved.iter().any(|(_, p)| p.is_some()) {
+        let path = savepoint_path(sp_dir, sum.counters.read);
+        savepoint::write_tasks(&path, &pipeline.name, &saved)?;
+        tracing::info!(path = %path.display(), tasks = saved.len(), "job savepoint written");
+        sum.savepoint = Some(path);
+    }
+    Ok(sum)
+}

@@ -41,6 +41,7 @@ mod route;
 mod running;
 pub mod shadow;
 pub mod signals;
+mod snapshot;
 pub mod swap;
 mod tasks;
 mod threads;

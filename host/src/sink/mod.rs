@@ -12,6 +12,7 @@
 //! a transactional sink commits.
 
 pub mod kafka;
+pub(crate) mod line;
 pub mod postgres;
 
 use crate::{Error, Result};

@@ -487,14 +487,18 @@ fn every_call_racing_a_stop_gets_an_answer() {
         let child = start_following(&job, port, TOKEN);
         wait_for_read(&url, 5_000);
         // A deploy being prepared (a large component takes a while to compile), two stops.
+        // The stops go once the deploy's request is on its way (its 18 MB read before).
+        let bytes = std::fs::read(plugin("min-stock-py")).unwrap();
+        let (sending, sent) = std::sync::mpsc::channel();
         let deploy = {
             let url = url.clone();
             std::thread::spawn(move || {
-                let bytes = std::fs::read(plugin("min-stock-py")).unwrap();
+                let _ = sending.send(());
                 km0::control::client::send(&url, "POST", "/api/v1/deployments", Some(TOKEN), &bytes)
             })
         };
-        std::thread::sleep(Duration::from_millis(50 * round));
+        sent.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(20 + 50 * round));
         let stops: Vec<_> = (0..2)
             .map(|_| {
                 let url = url.clone();
@@ -663,13 +667,7 @@ fn other_hosts_are_refused_the_ui_cannot_be_framed_and_the_scheme_is_case_insens
 #[test]
 fn no_client_without_the_token_can_keep_the_operator_or_a_probe_out() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("live.jsonl"), stream(1_000, 60)).unwrap();
-    let job =
-        stock_pipeline(dir.path(), &dir.path().join("live.jsonl"), "out", "[state]\nbackend = \"memory\"");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let child = start_following(&job, port, TOKEN);
-    wait_for_read(&url, 1_000);
+    let (port, url, child) = following_1000_records(dir.path(), 60);
     // Each call answered at once (within a second, whatever else the machine's two cores
     // do meanwhile); the slowest of a round, for the 100 ms bound below.
     let operator = |what: &str| {
@@ -743,6 +741,18 @@ fn no_client_without_the_token_can_keep_the_operator_or_a_probe_out() {
     drain(&url, child);
 }
 
+/// A stock job following 1 000 records of seed `seed` in `dir`, once it has read them:
+/// its port, URL and process.
+fn following_1000_records(dir: &Path, seed: u64) -> (u16, String, Child) {
+    std::fs::write(dir.join("live.jsonl"), stream(1_000, seed)).unwrap();
+    let job = stock_pipeline(dir, &dir.join("live.jsonl"), "out", "[state]\nbackend = \"memory\"");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = start_following(&job, port, TOKEN);
+    wait_for_read(&url, 1_000);
+    (port, url, child)
+}
+
 /// A connection to the job from loopback address `from` (127.0.0.x: a peer of its own).
 fn connect_from(from: [u8; 4], port: u16) -> TcpStream {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -761,13 +771,7 @@ fn connect_from(from: [u8; 4], port: u16) -> TcpStream {
 #[test]
 fn one_address_holds_a_quarter_of_the_connections_and_other_addresses_are_served() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("live.jsonl"), stream(1_000, 61)).unwrap();
-    let job =
-        stock_pipeline(dir.path(), &dir.path().join("live.jsonl"), "out", "[state]\nbackend = \"memory\"");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let child = start_following(&job, port, TOKEN);
-    wait_for_read(&url, 1_000);
+    let (port, url, child) = following_1000_records(dir.path(), 61);
     let held: Vec<TcpStream> = (0..300)
         .map(|_| {
             let mut s = connect_from([127, 0, 0, 2], port);

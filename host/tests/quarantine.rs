@@ -58,48 +58,19 @@ fn events(products: &[&String], from: i64) -> String {
         .collect()
 }
 
+/// The stock-alert job over the followed `dir/live.jsonl` with min-stock-flaky, a key
+/// quarantined at its first fault, checkpoints every second and `backend` state.
 fn pipeline(dir: &Path, backend: &str) -> std::path::PathBuf {
-    let text = format!(
-        r#"
-name = "flaky-at-scale"
-key = ["producto", "mercado"]
-[source]
-kind = "file"
-path = "live.jsonl"
-[filter]
-tipo = "stock.actualizado"
-[event_time]
-field = "fecha_ms"
-watermark_delay = "2m"
-[window]
-kind = "tumbling"
-size = "5m"
-[plugin]
-path = {plugin:?}
-quarantine_after = 1
-# A divisor of the records staged: every batch is handed to the plugin once read (a
-# part-filled one waits for its window to fire).
-batch_size = 500
-[plugin.config]
-threshold = 10
-[sink]
-kind = "file"
-path = "out/out.jsonl"
-[late]
-path = "out/late.jsonl"
-[dead_letter]
-path = "out/dead.jsonl"
-[checkpoints]
-dir = "chk"
-interval = "1s"
-[state]
-backend = "{backend}"
-"#,
-        plugin = plugin("min-stock-flaky").display().to_string(),
-    );
-    let path = dir.join("flaky.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    let extra = format!("[checkpoints]\ndir = \"chk\"\ninterval = \"1s\"\n[state]\nbackend = \"{backend}\"");
+    let job = stock_pipeline(dir, &dir.join("live.jsonl"), "out", &extra);
+    // `batch_size`: a divisor of the records staged, so that every batch is handed to the
+    // plugin once read (a part-filled one waits for its window to fire).
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace(&*plugin("min-stock").to_string_lossy(), &plugin("min-stock-flaky").to_string_lossy())
+        .replace("[plugin.config]", "quarantine_after = 1\nbatch_size = 500\n[plugin.config]");
+    std::fs::write(&job, text).unwrap();
+    job
 }
 
 /// CPU seconds process `pid` has used.
@@ -254,6 +225,6 @@ fn at_scale(backend: &str) {
         times.sort();
         assert_eq!(times, [T0 + i as i64, T0 + 300_000 + i as i64], "{p}");
     }
-    let results = std::fs::read_to_string(dir.path().join("out/out.jsonl")).unwrap();
+    let results = std::fs::read_to_string(dir.path().join("out/alertas.jsonl")).unwrap();
     assert_eq!(results.lines().count(), HEALTHY, "one alert per healthy key (stock 4 < 10)");
 }

@@ -16,18 +16,16 @@ use super::route::Job;
 use super::swap::{NotSwapped, Swapped};
 use super::{OperatorSummary, Restore, RunOptions, Summary, Upgrade};
 use crate::checkpoint::components::Component;
+use crate::checkpoint::savepoint;
 use crate::checkpoint::store::Checkpoints;
-use crate::checkpoint::{savepoint, SavepointMeta};
-use crate::pipeline::{Backend, DeadLetterSpec, Pipeline, SinkSpec};
+use crate::pipeline::{Backend, Pipeline};
 use crate::plugin::{Plugin, PluginIdentity};
-use crate::sink::kafka::KafkaSink;
-use crate::sink::postgres::{PostgresSink, StartPoint};
-use crate::sink::{DeadLetterSink, JsonlSink, ResultSink};
+use crate::sink::{ResultSink, Sinks, SinksAt};
 use crate::source::{Framed, Source};
 use crate::state::rocks::RocksState;
 use crate::{metrics, Error, Result};
 use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// What one [`RunningJob::step`] came to.
@@ -173,7 +171,19 @@ impl<'p> RunningJob<'p> {
         // Sinks are opened only once everything above has been checked. A task of a job
         // shared with a group writes its sinks as the owner of its checkpoints' generation.
         let owner = checkpoints.as_ref().and_then(|c| c.generation).filter(|_| opts.committer.is_some());
-        open_sinks(pipeline, opts, &mut job, restore.as_ref(), owner)?;
+        let sinks = Sinks::open(
+            pipeline,
+            opts.output.as_deref(),
+            SinksAt {
+                positions: restore.as_ref().map_or(&[], |meta| &meta.sinks[..]),
+                snapshot: restore.as_ref().map(|meta| meta.snapshot_id.clone()),
+                ordinal: job.results_out,
+                fingerprint: job.fingerprint.clone(),
+                owner,
+                in_group: opts.committer.is_some(),
+            },
+        )?;
+        (job.output, job.late, job.dead) = (Some(sinks.output), Some(sinks.late), Some(sinks.dead));
         job.sources = (0..source.partitions()).map(|p| source.partition_name(p as u32)).collect();
         let mut checkpoints = checkpoints;
         if let (Some(c), Some(out)) = (checkpoints.as_mut(), job.output.as_ref()) {
@@ -919,56 +929,6 @@ fn place_partitions(pipeline: &Pipeline, job: &mut Job, source: &Source, restore
             .map(|p| job.watermarks.partition(&source.partition_name(p as u32)))
             .collect();
     }
-}
-
-/// The result, late and dead-letter sinks, each from the position the snapshot it
-/// resumes from gives it.
-fn open_sinks(
-    pipeline: &Pipeline,
-    opts: &RunOptions,
-    job: &mut Job,
-    restore: Option<&SavepointMeta>,
-    owner: Option<u64>,
-) -> Result<()> {
-    let sink_pos = |name: &str| restore.and_then(|meta| meta.sinks.iter().find(|s| s.name == name).cloned());
-    // A transactional sink's id is stable per job, so a restart fences its predecessor.
-    // Each task of a job has its own (a task is restored alone, by whoever runs it next).
-    let txn_id = format!("km0-{}", pipeline.instance_name());
-    let file = |name: &'static str, path: &Path| match &opts.committer {
-        Some(_) => JsonlSink::open_in_group(name, path, sink_pos(name).as_ref()),
-        None => JsonlSink::open(name, path, sink_pos(name).as_ref()),
-    };
-    job.output = Some(match (&opts.output, &pipeline.sink) {
-        (Some(p), _) => ResultSink::Jsonl(file("output", p)?),
-        (None, SinkSpec::File { path }) => ResultSink::Jsonl(file("output", path)?),
-        (None, SinkSpec::Stdout) => ResultSink::Jsonl(JsonlSink::stdout("output")),
-        (None, SinkSpec::Kafka { target, mode, max_in_flight }) => {
-            let mut sink = KafkaSink::open(target, *mode, &txn_id)?;
-            sink.set_max_in_flight(*max_in_flight);
-            ResultSink::Kafka(sink)
-        }
-        (None, SinkSpec::Postgres { url, table }) => {
-            let replayable = match &pipeline.source {
-                crate::pipeline::SourceSpec::Kafka(k) => k.start == crate::pipeline::StartAt::Earliest,
-                _ => true,
-            };
-            let start = StartPoint {
-                snapshot: restore.map(|meta| meta.snapshot_id.clone()),
-                ordinal: job.results_out,
-                fingerprint: job.fingerprint.clone(),
-                replayable,
-            };
-            ResultSink::Postgres(PostgresSink::open(url, table, &pipeline.instance_name(), &start, owner)?)
-        }
-    });
-    job.late = Some(file("late", &pipeline.late)?);
-    job.dead = Some(match &pipeline.dead_letter {
-        DeadLetterSpec::File(path) => DeadLetterSink::Jsonl(file("dead_letter", path)?),
-        DeadLetterSpec::Kafka(target) => {
-            DeadLetterSink::Kafka(KafkaSink::open(target, crate::pipeline::KafkaSinkMode::Upsert, &txn_id)?)
-        }
-    });
-    Ok(())
 }
 
 /// Bytes read of a file source and bytes in its files (none for standard input and Kafka).

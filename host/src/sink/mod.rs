@@ -15,6 +15,7 @@ pub mod kafka;
 pub(crate) mod line;
 pub mod postgres;
 
+use crate::pipeline::{DeadLetterSpec, Pipeline, SinkSpec};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
@@ -445,6 +446,79 @@ fn ensure_parent(path: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create folder", dir, e))?;
     }
     Ok(())
+}
+
+/// Where a job's sinks resume, and who writes them.
+pub struct SinksAt<'a> {
+    /// The positions the snapshot the job resumes from gave them (none: from the start).
+    pub positions: &'a [SinkPosition],
+    /// That snapshot's id (PostgreSQL ties its epochs to it).
+    pub snapshot: Option<String>,
+    /// Results the job had written by then, and its results' fingerprint.
+    pub ordinal: u64,
+    pub fingerprint: String,
+    /// The generation of the task's owners this process holds (a job shared with a group).
+    pub owner: Option<u64>,
+    /// A job in a consumer group: files are written as a member of it writes them.
+    pub in_group: bool,
+}
+
+/// A job's result, late and dead-letter sinks.
+pub struct Sinks {
+    pub output: ResultSink,
+    pub late: JsonlSink,
+    pub dead: DeadLetterSink,
+}
+
+impl Sinks {
+    /// The sinks of `pipeline` (`output`: a file instead of its result sink), each from
+    /// the position `at` gives it.
+    pub fn open(pipeline: &Pipeline, output: Option<&Path>, at: SinksAt<'_>) -> Result<Sinks> {
+        let position = |name: &str| at.positions.iter().find(|s| s.name == name).cloned();
+        // A transactional sink's id is stable per job, so a restart fences its predecessor.
+        // Each task of a job has its own (a task is restored alone, by whoever runs it next).
+        let txn_id = format!("km0-{}", pipeline.instance_name());
+        let file = |name: &'static str, path: &Path| match at.in_group {
+            true => JsonlSink::open_in_group(name, path, position(name).as_ref()),
+            false => JsonlSink::open(name, path, position(name).as_ref()),
+        };
+        let output = match (output, &pipeline.sink) {
+            (Some(p), _) => ResultSink::Jsonl(file("output", p)?),
+            (None, SinkSpec::File { path }) => ResultSink::Jsonl(file("output", path)?),
+            (None, SinkSpec::Stdout) => ResultSink::Jsonl(JsonlSink::stdout("output")),
+            (None, SinkSpec::Kafka { target, mode, max_in_flight }) => {
+                let mut sink = kafka::KafkaSink::open(target, *mode, &txn_id)?;
+                sink.set_max_in_flight(*max_in_flight);
+                ResultSink::Kafka(sink)
+            }
+            (None, SinkSpec::Postgres { url, table }) => {
+                // A source that cannot read the same records again (Kafka from its latest
+                // offsets) cannot replay an epoch.
+                let replayable = match &pipeline.source {
+                    crate::pipeline::SourceSpec::Kafka(k) => k.start == crate::pipeline::StartAt::Earliest,
+                    _ => true,
+                };
+                let start = postgres::StartPoint {
+                    snapshot: at.snapshot.clone(),
+                    ordinal: at.ordinal,
+                    fingerprint: at.fingerprint.clone(),
+                    replayable,
+                };
+                let name = pipeline.instance_name();
+                ResultSink::Postgres(postgres::PostgresSink::open(url, table, &name, &start, at.owner)?)
+            }
+        };
+        let late = file("late", &pipeline.late)?;
+        let dead = match &pipeline.dead_letter {
+            DeadLetterSpec::File(path) => DeadLetterSink::Jsonl(file("dead_letter", path)?),
+            DeadLetterSpec::Kafka(target) => DeadLetterSink::Kafka(kafka::KafkaSink::open(
+                target,
+                crate::pipeline::KafkaSinkMode::Upsert,
+                &txn_id,
+            )?),
+        };
+        Ok(Sinks { output, late, dead })
+    }
 }
 
 #[cfg(test)]

@@ -300,6 +300,65 @@ pub struct SideRecord {
     pub count: u64,
 }
 
+impl JobStatus {
+    /// Add a task's status to the job's (`first`: the first task added; its line in
+    /// `tasks` is there already): counters and gauges summed, the watermark the
+    /// slowest task's, partitions, lag and histories joined.
+    pub fn add_task(&mut self, s: &JobStatus, first: bool) {
+        self.counters.add(&s.counters);
+        self.watermark = if first { s.watermark } else { self.watermark.min(s.watermark) };
+        self.partitions.extend(s.partitions.iter().cloned());
+        self.lag.extend(s.lag.iter().cloned());
+        for a in &s.aggregations {
+            match self.aggregations.iter_mut().find(|j| j.name == a.name) {
+                Some(j) => j.add(a),
+                None => self.aggregations.push(a.clone()),
+            }
+        }
+        self.checkpoints += s.checkpoints;
+        self.checkpoint_history.extend(s.checkpoint_history.iter().cloned());
+        self.progress = match (self.progress, s.progress) {
+            (Some((a, b)), Some((c, d))) => Some((a + c, b + d)),
+            (None, p) if self.tasks.len() == 1 => p,
+            _ => None,
+        };
+        self.recent_side_outputs.extend(s.recent_side_outputs.iter().cloned());
+        self.backpressure_pauses += s.backpressure_pauses;
+        self.backpressure_seconds += s.backpressure_seconds;
+        self.sink_in_flight = match (self.sink_in_flight, s.sink_in_flight) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Once every task is added: the newest checkpoints and side records, as many as a
+    /// job of one task keeps.
+    pub fn keep_newest(&mut self) {
+        self.checkpoint_history.sort_by_key(|c| c.taken_at_ms);
+        let keep = self.checkpoint_history.len().saturating_sub(CHECKPOINT_HISTORY);
+        self.checkpoint_history.drain(..keep);
+        self.recent_side_outputs.sort_by_key(|r| r.at_ms);
+        let keep = self.recent_side_outputs.len().saturating_sub(RECENT_SIDE_RECORDS);
+        self.recent_side_outputs.drain(..keep);
+    }
+}
+
+impl AggregationStatus {
+    /// Add another task's state of the same aggregation (the latest quarantined keys of
+    /// both listed).
+    pub fn add(&mut self, a: &AggregationStatus) {
+        self.open_windows += a.open_windows;
+        self.keys += a.keys;
+        self.state_bytes += a.state_bytes;
+        self.quarantined += a.quarantined;
+        self.faulted_keys += a.faulted_keys;
+        self.faults_untracked += a.faults_untracked;
+        self.quarantined_keys.extend(a.quarantined_keys.iter().cloned());
+        self.quarantined_keys.sort_by_key(|q| std::cmp::Reverse(q.at_ms));
+        self.quarantined_keys.truncate(crate::window::operator::QUARANTINE_LISTED);
+    }
+}
+
 /// Late events and dead letters kept in the status.
 pub const RECENT_SIDE_RECORDS: usize = 10;
 
@@ -504,6 +563,43 @@ pub type StopReply = Sender<Result<Option<PathBuf>, Refused>>;
 #[cfg(test)]
 mod tests {
     use super::Throughput;
+
+    #[test]
+    fn a_job_of_tasks_sums_its_tasks_and_keeps_the_slowest_watermark() {
+        let task = |read: u64, watermark: i64, windows: usize| {
+            let mut s = super::JobStatus { watermark, ..Default::default() };
+            s.counters.read = read;
+            s.checkpoints = 1;
+            s.aggregations.push(super::AggregationStatus {
+                name: "a".into(),
+                plugin: "min-stock".into(),
+                plugin_version: "0.1.0".into(),
+                plugin_sha256: String::new(),
+                contract: String::new(),
+                open_windows: windows,
+                keys: windows,
+                state_bytes: 10,
+                calls: Default::default(),
+                quarantined: 1,
+                quarantined_keys: Vec::new(),
+                faulted_keys: 2,
+                faults_untracked: 3,
+            });
+            s
+        };
+        let mut job = super::JobStatus::default();
+        job.add_task(&task(100, 5_000, 3), true);
+        job.add_task(&task(50, 4_000, 4), false);
+        job.add_task(&task(10, 9_000, 0), false);
+        job.keep_newest();
+        assert_eq!(job.counters.read, 160);
+        assert_eq!(job.watermark, 4_000);
+        assert_eq!(job.checkpoints, 3);
+        let a = &job.aggregations[0];
+        assert_eq!(job.aggregations.len(), 1);
+        assert_eq!((a.open_windows, a.keys, a.state_bytes), (7, 7, 30));
+        assert_eq!((a.quarantined, a.faulted_keys, a.faults_untracked), (3, 6, 9));
+    }
 
     #[test]
     fn throughput_is_the_rate_over_the_last_five_seconds_and_never_negative() {

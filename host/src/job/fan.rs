@@ -402,48 +402,10 @@ impl Fan<'_> {
             if s.state == JobState::Starting {
                 continue;
             }
-            job.counters.add(&s.counters);
-            job.watermark = if first { s.watermark } else { job.watermark.min(s.watermark) };
+            job.add_task(&s, first);
             first = false;
-            job.partitions.extend(s.partitions.iter().cloned());
-            job.lag.extend(s.lag.iter().cloned());
-            for a in &s.aggregations {
-                match job.aggregations.iter_mut().find(|j| j.name == a.name) {
-                    Some(j) => {
-                        j.open_windows += a.open_windows;
-                        j.keys += a.keys;
-                        j.state_bytes += a.state_bytes;
-                        j.quarantined += a.quarantined;
-                        j.faulted_keys += a.faulted_keys;
-                        j.faults_untracked += a.faults_untracked;
-                        j.quarantined_keys.extend(a.quarantined_keys.iter().cloned());
-                        j.quarantined_keys.sort_by_key(|q| std::cmp::Reverse(q.at_ms));
-                        j.quarantined_keys.truncate(crate::window::operator::QUARANTINE_LISTED);
-                    }
-                    None => job.aggregations.push(a.clone()),
-                }
-            }
-            job.checkpoints += s.checkpoints;
-            job.checkpoint_history.extend(s.checkpoint_history.iter().cloned());
-            job.progress = match (job.progress, s.progress) {
-                (Some((a, b)), Some((c, d))) => Some((a + c, b + d)),
-                (None, p) if job.tasks.len() == 1 => p,
-                _ => None,
-            };
-            job.recent_side_outputs.extend(s.recent_side_outputs.iter().cloned());
-            job.backpressure_pauses += s.backpressure_pauses;
-            job.backpressure_seconds += s.backpressure_seconds;
-            job.sink_in_flight = match (job.sink_in_flight, s.sink_in_flight) {
-                (Some(a), Some(b)) => Some(a + b),
-                (a, b) => a.or(b),
-            };
         }
-        job.checkpoint_history.sort_by_key(|c| c.taken_at_ms);
-        let keep = job.checkpoint_history.len().saturating_sub(super::commands::CHECKPOINT_HISTORY);
-        job.checkpoint_history.drain(..keep);
-        job.recent_side_outputs.sort_by_key(|r| r.at_ms);
-        let keep = job.recent_side_outputs.len().saturating_sub(super::commands::RECENT_SIDE_RECORDS);
-        job.recent_side_outputs.drain(..keep);
+        job.keep_newest();
         job.state = if states.is_empty() && self.membership.is_some() {
             // A member the group has given nothing (yet).
             if self.leave.load(Ordering::SeqCst) {

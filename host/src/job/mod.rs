@@ -142,6 +142,31 @@ pub struct Summary {
     pub backpressure_pauses: u64,
 }
 
+impl Summary {
+    /// Add another task's summary: counters summed, the slowest watermark, the longest
+    /// pauses and restore (the caller sets the job's CPU time, clock and savepoint).
+    pub fn add(&mut self, s: Summary) {
+        self.counters.add(&s.counters);
+        for (o, p) in self.operators.iter_mut().zip(&s.operators) {
+            o.counters.add(&p.counters);
+            o.open_slots += p.open_slots;
+            o.keys += p.keys;
+        }
+        self.open_windows += s.open_windows;
+        self.watermark = self.watermark.min(s.watermark);
+        self.migrated.extend(s.migrated);
+        self.records_this_run += s.records_this_run;
+        self.recovered_from = self.recovered_from.take().or(s.recovered_from);
+        self.restore_time = self.restore_time.max(s.restore_time);
+        self.checkpoints += s.checkpoints;
+        self.checkpoint_pause_max = self.checkpoint_pause_max.max(s.checkpoint_pause_max);
+        self.checkpoint_pause_total += s.checkpoint_pause_total;
+        self.savepoint_pause = self.savepoint_pause.max(s.savepoint_pause);
+        self.lag.extend(s.lag);
+        self.backpressure_pauses += s.backpressure_pauses;
+    }
+}
+
 /// How the job's plugins relate to the state it starts from.
 enum Upgrade {
     /// Same logic: state schemas must match.
@@ -419,4 +444,36 @@ pub fn validate(pipeline: &Pipeline, runtime: &PluginRuntime) -> Result<Vec<Plug
     let ids = plugins.iter().map(|p| p.identity().clone()).collect();
     Job::new(pipeline, plugins)?;
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Summary;
+    use std::time::Duration;
+
+    #[test]
+    fn a_job_of_tasks_sums_their_summaries() {
+        let task = |read: u64, watermark: i64, pause_ms: u64, recovered: Option<&str>| {
+            let mut s = Summary {
+                watermark,
+                open_windows: 2,
+                records_this_run: read,
+                checkpoints: 1,
+                checkpoint_pause_max: Duration::from_millis(pause_ms),
+                checkpoint_pause_total: Duration::from_millis(pause_ms),
+                recovered_from: recovered.map(str::to_string),
+                ..Summary::default()
+            };
+            s.counters.read = read;
+            s
+        };
+        let mut sum = task(100, 7_000, 5, None);
+        sum.add(task(40, 3_000, 9, Some("chk-000004")));
+        sum.add(task(1, 8_000, 2, Some("chk-000009")));
+        assert_eq!((sum.counters.read, sum.records_this_run, sum.open_windows), (141, 141, 6));
+        assert_eq!((sum.watermark, sum.checkpoints), (3_000, 3));
+        assert_eq!(sum.checkpoint_pause_max, Duration::from_millis(9));
+        assert_eq!(sum.checkpoint_pause_total, Duration::from_millis(16));
+        assert_eq!(sum.recovered_from.as_deref(), Some("chk-000004"), "the first task that recovered");
+    }
 }

@@ -411,24 +411,7 @@ fn finish(
         return Err(Error::Usage("the job ran no task".into()));
     };
     for s in iter {
-        sum.counters.add(&s.counters);
-        for (o, p) in sum.operators.iter_mut().zip(&s.operators) {
-            o.counters.add(&p.counters);
-            o.open_slots += p.open_slots;
-            o.keys += p.keys;
-        }
-        sum.open_windows += s.open_windows;
-        sum.watermark = sum.watermark.min(s.watermark);
-        sum.migrated.extend(s.migrated);
-        sum.records_this_run += s.records_this_run;
-        sum.recovered_from = sum.recovered_from.or(s.recovered_from);
-        sum.restore_time = sum.restore_time.max(s.restore_time);
-        sum.checkpoints += s.checkpoints;
-        sum.checkpoint_pause_max = sum.checkpoint_pause_max.max(s.checkpoint_pause_max);
-        sum.checkpoint_pause_total += s.checkpoint_pause_total;
-        sum.savepoint_pause = sum.savepoint_pause.max(s.savepoint_pause);
-        sum.lag.extend(s.lag);
-        sum.backpressure_pauses += s.backpressure_pauses;
+        sum.add(s);
     }
     sum.cpu = cpu;
     sum.elapsed = elapsed;

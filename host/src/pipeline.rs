@@ -163,6 +163,30 @@ impl SourceSpec {
             SourceSpec::Kafka(k) => &k.partitioning,
         }
     }
+
+    /// The consumer group whose members share its partitions (a Kafka source's).
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            SourceSpec::File { .. } => None,
+            SourceSpec::Kafka(k) => Some(&k.group),
+        }
+    }
+
+    /// How often its consumer lag is logged (a Kafka source's `lag_interval`).
+    pub fn lag_interval(&self) -> Option<Duration> {
+        match self {
+            SourceSpec::File { .. } => None,
+            SourceSpec::Kafka(k) => Some(Duration::from_millis(k.lag_interval_ms as u64)),
+        }
+    }
+
+    /// The one partition a task of a Kafka job reads (none for files).
+    pub fn only_partition(&self) -> (String, i32) {
+        match self {
+            SourceSpec::Kafka(k) => k.only.clone().unwrap_or_default(),
+            SourceSpec::File { .. } => Default::default(),
+        }
+    }
 }
 
 /// Where a Kafka source starts when no checkpoint or savepoint says where it was.
@@ -355,6 +379,14 @@ pub enum SinkSpec {
         url: String,
         table: String,
     },
+}
+
+impl SinkSpec {
+    /// Whether it commits with Kafka transactions (its checkpoints after the last commit
+    /// never committed).
+    pub fn transactional(&self) -> bool {
+        matches!(self, SinkSpec::Kafka { mode: KafkaSinkMode::Transactional, .. })
+    }
 }
 
 // ---- the file's shape ------------------------------------------------------------

@@ -6,24 +6,21 @@ use std::time::{Duration, Instant};
 
 /// When the consumer lag was last logged, and how often it is.
 pub(super) struct LagReport {
-    pub(super) every: Duration,
+    /// `None`: the source has no lag to log.
+    pub(super) every: Option<Duration>,
     pub(super) last: Instant,
 }
 
 impl LagReport {
-    /// Every `lag_interval` of a Kafka source (5 s otherwise: never logged).
+    /// Every `lag_interval` of a Kafka source (never for files).
     pub(super) fn new(pipeline: &Pipeline) -> LagReport {
-        let every = match &pipeline.source {
-            crate::pipeline::SourceSpec::Kafka(k) => Duration::from_millis(k.lag_interval_ms as u64),
-            _ => Duration::from_secs(5),
-        };
-        LagReport { every, last: Instant::now() }
+        LagReport { every: pipeline.source.lag_interval(), last: Instant::now() }
     }
 }
 
 /// Log the consumer lag of a Kafka source when due.
 pub(super) fn report_lag(source: &Source, at: &mut LagReport) {
-    if !matches!(source, Source::Kafka(_)) || at.last.elapsed() < at.every {
+    if at.every.is_none_or(|every| at.last.elapsed() < every) {
         return;
     }
     at.last = Instant::now();

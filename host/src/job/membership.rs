@@ -9,7 +9,7 @@
 
 use super::commands::{ControlHandle, GroupStatus};
 use super::{unbounded, RunOptions};
-use crate::pipeline::{Pipeline, SourceSpec};
+use crate::pipeline::Pipeline;
 use crate::source::group::{GroupMember, Owner, TopicPartition};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -30,7 +30,7 @@ pub(super) enum Order {
 /// Whether the job's tasks are shared with a consumer group: an unbounded Kafka source
 /// (a bounded run reads every partition itself, as a batch over what the topic holds).
 pub(super) fn shares_group(pipeline: &Pipeline, opts: &RunOptions) -> bool {
-    matches!(pipeline.source, SourceSpec::Kafka(_)) && opts.input.is_none() && unbounded(pipeline, opts)
+    pipeline.source.group().is_some() && opts.input.is_none() && unbounded(pipeline, opts)
 }
 
 /// A job shared with a group restores its tasks from checkpoints: it needs them, and
@@ -38,8 +38,8 @@ pub(super) fn shares_group(pipeline: &Pipeline, opts: &RunOptions) -> bool {
 pub(super) fn check(pipeline: &Pipeline, opts: &RunOptions) -> Result<()> {
     if pipeline.checkpoints.is_none() {
         return Err(Error::Usage(format!(
-            "pipeline {:?} reads Kafka with `watermark = \"per-partition\"`: its partitions are shared with \
-             the other processes of consumer group and a task that moves is restored from its checkpoints; \
+            "pipeline {:?} reads topic partitions with `watermark = \"per-partition\"`: they are shared \
+             with the other processes of its consumer group and a task that moves is restored from its checkpoints; \
              add `[checkpoints]` (dir = \"s3://bucket/prefix\" for processes on several machines), or set \
              `bounded = true` for a run over what the topic holds now",
             pipeline.name

@@ -55,7 +55,7 @@ use crate::checkpoint::components::Component;
 use crate::checkpoint::savepoint;
 use crate::checkpoint::store::{self, Checkpoints, SnapshotStore};
 use crate::checkpoint::Savepoint;
-use crate::pipeline::{Pipeline, SinkSpec};
+use crate::pipeline::Pipeline;
 use crate::plugin::{Plugin, PluginIdentity, PluginRuntime};
 use crate::source::kafka::PartitionLag;
 use crate::source::Source;
@@ -241,15 +241,11 @@ fn open<'p>(pipeline: &'p Pipeline, opts: &RunOptions, runtime: &PluginRuntime) 
                 // A task of a job shared with a group takes the task before it looks for its
                 // newest checkpoint: a process that still runs it stops checkpointing and
                 // committing now (fenced), so what it restores is not overtaken.
-                if let (Some(g), SinkSpec::Postgres { url, table }) = (store.claim()?, &pipeline.sink) {
-                    crate::sink::postgres::fence(url, table, &pipeline.instance_name(), g)?;
+                if let Some(g) = store.claim()? {
+                    crate::sink::fence(&pipeline.sink, &pipeline.instance_name(), g)?;
                 }
             }
-            let transactional = opts.output.is_none()
-                && matches!(
-                    pipeline.sink,
-                    SinkSpec::Kafka { mode: crate::pipeline::KafkaSinkMode::Transactional, .. }
-                );
+            let transactional = opts.output.is_none() && pipeline.sink.transactional();
             let found = store::latest_valid(&store, transactional)?;
             if transactional {
                 // Checkpoints after the one recovered from never committed: drop them, so

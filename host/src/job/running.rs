@@ -154,16 +154,15 @@ impl<'p> RunningJob<'p> {
             restore.as_ref().map(|meta| &meta.source),
         )?;
         let mut source = source;
-        // A task of a Kafka job checks that its records are keyed as it owns them.
-        if let (Some(_), false, Source::Kafka(k)) =
-            (&pipeline.task, pipeline.partitioned_by.is_empty(), &mut source)
-        {
-            let key = crate::source::kafka::MessageKey::default();
-            k.keep_message_keys(key.clone());
-            job.confined = Some(super::route::Confined { names: pipeline.partitioned_by.clone(), key });
+        // A task of a job partitioned by key checks that its records are keyed as it owns
+        // them.
+        if pipeline.task.is_some() && !pipeline.partitioned_by.is_empty() {
+            if let Some(key) = source.keep_message_keys() {
+                job.confined = Some(super::route::Confined { names: pipeline.partitioned_by.clone(), key });
+            }
         }
-        if let (Some(member), Source::Kafka(k)) = (&opts.committer, &mut source) {
-            k.commit_through(member.clone());
+        if let Some(member) = &opts.committer {
+            source.commit_through(member.clone());
         }
         let checkpoints =
             open_checkpoints(pipeline, &mut job, Source::unbounded(&pipeline.source, opts.follow))?;
@@ -924,7 +923,7 @@ fn place_partitions(pipeline: &Pipeline, job: &mut Job, source: &Source, restore
             job.watermarks.partition(&source.partition_name(p as u32));
         }
     }
-    if matches!(source, Source::Kafka(_)) {
+    if source.partitions_by_name() {
         job.clock_of = (0..source.partitions())
             .map(|p| job.watermarks.partition(&source.partition_name(p as u32)))
             .collect();

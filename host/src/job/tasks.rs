@@ -15,8 +15,7 @@
 use super::running::RunningJob;
 use super::RunOptions;
 use crate::checkpoint::savepoint;
-use crate::pipeline::{folder_name, DeadLetterSpec, Pipeline, SinkSpec, SourceSpec, WatermarkScope};
-use crate::source::group::TopicPartition;
+use crate::pipeline::{DeadLetterSpec, Pipeline, SinkSpec, WatermarkScope};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -53,44 +52,16 @@ pub(super) fn check_one_task(pipeline: &Pipeline, opts: &RunOptions) -> Result<(
 /// The tasks of a job whose partitions are tasks: a file each (`--input` is one), or a
 /// Kafka partition each.
 pub(super) fn plan(pipeline: &Pipeline, opts: &RunOptions) -> Result<Vec<Task>> {
-    let mut tasks = Vec::new();
-    match (&opts.input, &pipeline.source) {
-        (Some(input), _) => tasks.push(file_task(pipeline, "task-0", input)),
-        (None, SourceSpec::File { paths, .. }) => {
-            for (i, path) in paths.iter().enumerate() {
-                tasks.push(file_task(pipeline, &format!("task-{i}"), path));
-            }
-        }
-        (None, SourceSpec::Kafka(k)) => {
-            let several = k.topics.len() > 1;
-            for (topic, id) in crate::source::kafka::partitions(k)? {
-                let name =
-                    if several { format!("task-{}-{id}", folder_name(&topic)) } else { format!("task-{id}") };
-                let mut p = task_pipeline(pipeline, &name);
-                if let SourceSpec::Kafka(k) = &mut p.source {
-                    k.only = Some((topic.clone(), id));
-                }
-                tasks.push(Task { name, partition: format!("{topic}/{id}"), pipeline: p });
-            }
-        }
-    }
-    Ok(tasks)
-}
-
-/// The Kafka partition a task of a Kafka job reads.
-pub(super) fn kafka_partition(task: &Pipeline) -> TopicPartition {
-    match &task.source {
-        SourceSpec::Kafka(k) => k.only.clone().unwrap_or_default(),
-        SourceSpec::File { .. } => TopicPartition::default(),
-    }
-}
-
-fn file_task(pipeline: &Pipeline, name: &str, path: &Path) -> Task {
-    let mut p = task_pipeline(pipeline, name);
-    if let SourceSpec::File { paths, .. } = &mut p.source {
-        *paths = vec![path.to_path_buf()];
-    }
-    Task { name: name.into(), partition: path.display().to_string(), pipeline: p }
+    let splits = crate::source::split(&pipeline.source, opts.input.as_deref())?;
+    Ok(splits
+        .into_iter()
+        .map(|s| {
+            let name = format!("task-{}", s.name);
+            let mut p = task_pipeline(pipeline, &name);
+            p.source = s.spec;
+            Task { name, partition: s.partition, pipeline: p }
+        })
+        .collect())
 }
 
 /// The job's pipeline as one task runs it: its own files, checkpoints and state folder.

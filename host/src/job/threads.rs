@@ -7,11 +7,11 @@ use super::commands::{ControlHandle, Refused};
 use super::fan::{Fan, TaskPort};
 use super::membership::{self, Membership, Order};
 use super::running::Step;
-use super::tasks::{kafka_partition, plan, task_file, task_savepoints, Open, Task};
+use super::tasks::{plan, task_file, task_savepoints, Open, Task};
 use super::{RunOptions, Summary};
 use crate::checkpoint::savepoint;
 use crate::checkpoint::savepoint::TaskEntry;
-use crate::pipeline::{Pipeline, SourceSpec};
+use crate::pipeline::Pipeline;
 use crate::source::group::GroupMember;
 use crate::{metrics, Error, Result};
 use std::path::{Path, PathBuf};
@@ -58,19 +58,19 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     let sp_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
     let failed = Arc::new(AtomicBool::new(false));
     // In a consumer group the group decides which tasks run here, and when.
-    let (membership, mut inboxes, member) = match (&pipeline.source, in_group) {
-        (SourceSpec::Kafka(k), true) => {
-            let parts = tasks.iter().map(|t| kafka_partition(&t.pipeline)).collect();
+    let (membership, mut inboxes, member) = match pipeline.source.group().filter(|_| in_group) {
+        Some(group) => {
+            let parts = tasks.iter().map(|t| t.pipeline.source.only_partition()).collect();
             // Live deploys are recorded in the job's shared store for every process.
             let deploys = match pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref()) {
                 Some(url) => Some(crate::checkpoint::remote::RemoteStore::open(url)?),
                 None => None,
             };
-            let (m, inboxes) = Membership::new(&k.group, parts, threads, failed.clone(), deploys);
-            let member = GroupMember::join(k, m.clone())?;
+            let (m, inboxes) = Membership::new(group, parts, threads, failed.clone(), deploys);
+            let member = GroupMember::join(&pipeline.source, m.clone())?;
             (Some(m), inboxes.into_iter().map(Some).collect(), Some(member))
         }
-        _ => (None, (0..threads).map(|_| None).collect::<Vec<_>>(), None),
+        None => (None, (0..threads).map(|_| None).collect::<Vec<_>>(), None),
     };
     let committer = member.as_ref().map(GroupMember::committer);
     let task_opts: Vec<RunOptions> = tasks

@@ -236,6 +236,17 @@ pub fn rewind(spec: &crate::pipeline::SinkSpec, job: &str, point: &RewindPoint) 
     }
 }
 
+/// Fence the result sink `spec` of job `job` for the owner of checkpoint generation
+/// `generation` (a task of a job shared with a consumer group, taken over): a PostgreSQL
+/// table refuses the commits of older owners from now on. Other sinks fence when they
+/// open (Kafka's producer ids) or need no fence (files are the process's own).
+pub fn fence(spec: &SinkSpec, job: &str, generation: u64) -> Result<()> {
+    match spec {
+        SinkSpec::Postgres { url, table } => postgres::fence(url, table, job, generation),
+        SinkSpec::Kafka { .. } | SinkSpec::File { .. } | SinkSpec::Stdout => Ok(()),
+    }
+}
+
 /// Where results go. (One per job; boxing the larger variants would add a load to every
 /// result written.)
 #[allow(clippy::large_enum_variant)]

@@ -11,8 +11,8 @@
 //! this one stopped. Offsets are committed through the member (it holds the group's
 //! generation; a commit from outside the group would be refused).
 
-use crate::pipeline::KafkaSourceSpec;
 use crate::pipeline::StartAt;
+use crate::pipeline::{KafkaSourceSpec, SourceSpec};
 use crate::{Error, Result};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::topic_partition_list::TopicPartitionList;
@@ -142,9 +142,13 @@ const MEMBER_DEFAULTS: [(&str, &str); 3] = [
 ];
 
 impl GroupMember {
-    /// Join `spec.group`, subscribed to the source's topics; rebalances go to `owner`
-    /// (from [`Self::poll`]'s thread).
-    pub fn join(spec: &KafkaSourceSpec, owner: Arc<dyn Owner>) -> Result<GroupMember> {
+    /// Join the consumer group of source `source` (a Kafka source's `group`), subscribed
+    /// to its topics; rebalances go to `owner` (from [`Self::poll`]'s thread). A file
+    /// source has no group.
+    pub fn join(source: &SourceSpec, owner: Arc<dyn Owner>) -> Result<GroupMember> {
+        let SourceSpec::Kafka(spec) = source else {
+            return Err(Error::Usage("a file source has no consumer group to join".into()));
+        };
         let mut config = group_config(spec, "km0-member");
         // It fetches nothing worth keeping (its partitions are paused at once).
         config.set("queued.max.messages.kbytes", "64");

@@ -16,12 +16,61 @@ pub use mapped::prefetch_after;
 use crate::pipeline::SourceSpec;
 use crate::Result;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The job's source (an enum, not a trait object: `next_record` is the hot path).
 pub enum Source {
     File(file::FileSource),
     Kafka(kafka::KafkaSource),
+}
+
+/// One partition of a source, read alone: its name among the others (`0`, `1`, ... or
+/// `topic-0` when several topics are read), what it reads (a file's path, `topic/0`), and
+/// the source narrowed to it.
+pub struct Split {
+    pub name: String,
+    pub partition: String,
+    pub spec: SourceSpec,
+}
+
+/// The partitions of source `spec` (or of the one file `input`, which replaces its
+/// files), each alone: a file each, or a Kafka partition each (the brokers are asked).
+pub fn split(spec: &SourceSpec, input: Option<&Path>) -> Result<Vec<Split>> {
+    let narrowed = |path: &Path| {
+        let mut spec = spec.clone();
+        if let SourceSpec::File { paths, .. } = &mut spec {
+            *paths = vec![path.to_path_buf()];
+        }
+        spec
+    };
+    let file = |i: usize, path: &Path| Split {
+        name: i.to_string(),
+        partition: path.display().to_string(),
+        spec: narrowed(path),
+    };
+    Ok(match (input, spec) {
+        (Some(input), _) => vec![file(0, input)],
+        (None, SourceSpec::File { paths, .. }) => paths.iter().enumerate().map(|(i, p)| file(i, p)).collect(),
+        (None, SourceSpec::Kafka(k)) => {
+            let several = k.topics.len() > 1;
+            kafka::partitions(k)?
+                .into_iter()
+                .map(|(topic, id)| {
+                    let mut one = k.clone();
+                    one.only = Some((topic.clone(), id));
+                    Split {
+                        name: if several {
+                            format!("{}-{id}", crate::pipeline::folder_name(&topic))
+                        } else {
+                            id.to_string()
+                        },
+                        partition: format!("{topic}/{id}"),
+                        spec: SourceSpec::Kafka(one),
+                    }
+                })
+                .collect()
+        }
+    })
 }
 
 /// What a framed `take` ([`Source::next_records_framed`]) took of the input ahead it was
@@ -146,6 +195,33 @@ impl Source {
             Source::File(s) => s.position(),
             Source::Kafka(s) => s.position(),
         }
+    }
+
+    /// Keep each record's message key (Kafka), for a task to check that its records are
+    /// keyed as it owns them: the key, read after each record; `None` for files.
+    pub fn keep_message_keys(&mut self) -> Option<kafka::MessageKey> {
+        match self {
+            Source::File(_) => None,
+            Source::Kafka(s) => {
+                let key = kafka::MessageKey::default();
+                s.keep_message_keys(key.clone());
+                Some(key)
+            }
+        }
+    }
+
+    /// Commit checkpointed offsets through a consumer group's member (Kafka; files have
+    /// no group).
+    pub fn commit_through(&mut self, committer: group::Committer) {
+        if let Source::Kafka(s) = self {
+            s.commit_through(committer)
+        }
+    }
+
+    /// Whether its partitions are found by name after a restore (a topic may have gained
+    /// partitions since the checkpoint); a file source's are the files, in order.
+    pub fn partitions_by_name(&self) -> bool {
+        matches!(self, Source::Kafka(_))
     }
 
     /// A checkpoint holding `pos` is durable (Kafka: commit the offsets to the group).

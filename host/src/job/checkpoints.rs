@@ -1,7 +1,7 @@
 //! Periodic checkpoints of a running job: captured between two records on the job's
 //! thread, written by a background thread, one at a time.
 
-use super::route::Job;
+use super::engine::Engine;
 use crate::checkpoint::components::Component;
 use crate::checkpoint::store::{Checkpoints, SnapshotStore};
 use crate::checkpoint::{savepoint, store, SavepointMeta};
@@ -106,7 +106,7 @@ impl Checkpointer {
     /// Take a checkpoint; returns how long processing stopped for it.
     pub(super) fn take(
         &mut self,
-        job: &mut Job,
+        job: &mut Engine,
         pipeline: &Pipeline,
         source: &mut Source,
     ) -> Result<Duration> {
@@ -178,7 +178,7 @@ impl Checkpointer {
     /// If the checkpoint being written is complete (with `wait`, once it is), tell the
     /// source (Kafka commits the offsets to its group) and the sink (a transactional sink
     /// commits the epoch).
-    pub(super) fn completed(&mut self, job: &mut Job, source: &Source, wait: bool) -> Result<()> {
+    pub(super) fn completed(&mut self, job: &mut Engine, source: &Source, wait: bool) -> Result<()> {
         let done = self.writing.as_ref().is_some_and(|(h, _, _)| wait || h.is_finished());
         if !done {
             return Ok(());
@@ -230,7 +230,7 @@ impl Checkpointer {
     /// durable once [`Checkpointer::completed`] has seen it.
     pub(super) fn savepoint(
         &mut self,
-        job: &mut Job,
+        job: &mut Engine,
         pipeline: &Pipeline,
         source: &Source,
         path: &Path,
@@ -287,7 +287,7 @@ fn folder_bytes(dir: &Path) -> u64 {
 /// Write a savepoint of the job now and wait until it is durable. Returns its path and
 /// how long processing stopped.
 pub(super) fn write_savepoint(
-    job: &mut Job,
+    job: &mut Engine,
     pipeline: &Pipeline,
     source: &Source,
     mut checkpoints: Option<&mut Checkpointer>,
@@ -322,7 +322,7 @@ pub(super) fn join_writer(writer: SavepointWriter) -> Result<()> {
 /// sink commits once a snapshot is durable (a Kafka transaction) it is written here and
 /// the sink commits what it covers.
 pub(super) fn begin_savepoint(
-    job: &mut Job,
+    job: &mut Engine,
     pipeline: &Pipeline,
     source: &Source,
     checkpoints: Option<&mut Checkpointer>,

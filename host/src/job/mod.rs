@@ -14,9 +14,12 @@
 //! - [`deployment`]: a live deploy's new plugin, prepared off the job's thread;
 //! - [`commands`]: the control port's protocol and the status it publishes;
 //! - [`ledger`]: what the control port keeps across restarts (history, probation);
+//! - [`build`]: a job's parts built from its pipeline (window operators, the results'
+//!   fingerprint, idleness);
 //! - [`shadow`]: a new plugin running beside the current one;
-//! - [`route`]: the job's state and what happens to one record (routing, side outputs,
-//!   snapshots and restores);
+//! - [`engine`]: the part of a running job one record touches ([`engine::Engine`]: decoder,
+//!   operators, watermarks, sinks) and what happens to that record (routing, side outputs);
+//! - [`snapshot`]: the engine's state captured for checkpoints and savepoints, and restored;
 //! - [`checkpoints`]: periodic checkpoints and savepoints, taken between records;
 //! - [`swap`]: live deploys and shadows started, promoted and abandoned;
 //! - [`running`]: a running job as one object ([`RunningJob`]: open, step, savepoint,
@@ -29,15 +32,16 @@
 //!
 //! [`WindowOperator`]: crate::window::operator::WindowOperator
 
+mod build;
 mod checkpoints;
 pub mod commands;
 pub mod deployment;
+mod engine;
 mod fan;
 mod lag;
 mod ledger;
 mod membership;
 mod port;
-mod route;
 mod running;
 pub mod shadow;
 pub mod signals;
@@ -47,7 +51,7 @@ mod tasks;
 mod threads;
 pub mod upgrade;
 
-use route::Job;
+use engine::Engine;
 use running::RunningJob;
 use upgrade::Refusal;
 
@@ -66,7 +70,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use crate::source::decode::MAX_FIELDS;
-pub use route::{MAX_FIELD_PARTITIONS, MAX_PARTITION_NAME};
+pub use engine::{MAX_FIELD_PARTITIONS, MAX_PARTITION_NAME};
 
 /// Command-line overrides of a run.
 #[derive(Debug, Clone, Default)]
@@ -438,7 +442,7 @@ pub fn validate(pipeline: &Pipeline, runtime: &PluginRuntime) -> Result<Vec<Plug
     let plugins: Vec<Plugin> =
         load_plugins(pipeline, runtime, None, None)?.into_iter().map(|(p, _)| p).collect();
     let ids = plugins.iter().map(|p| p.identity().clone()).collect();
-    Job::new(pipeline, plugins)?;
+    Engine::new(pipeline, plugins)?;
     Ok(ids)
 }
 

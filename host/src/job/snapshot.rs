@@ -3,7 +3,8 @@
 //! the memory backend or as changes for RocksDB, with the metadata and the sinks'
 //! positions at the snapshot's barrier.
 
-use super::route::{idleness, Job};
+use super::build::idleness;
+use super::engine::Engine;
 use super::upgrade::{self, Refusal};
 use super::Upgrade;
 use crate::checkpoint::savepoint::{PipelineIdentity, StateFile};
@@ -18,7 +19,7 @@ use crate::window::operator::Capture;
 use crate::{metrics, Error, Result};
 use sha2::{Digest, Sha256};
 
-impl Job {
+impl Engine {
     /// Load a savepoint's state into this (fresh) job. Returns the migrations done.
     pub(super) fn restore(
         &mut self,

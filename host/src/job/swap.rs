@@ -3,7 +3,7 @@
 //! 1. Off the job's thread ([`super::deployment::Deployer::prepare`]): the new component is read, compiled
 //!    (or taken from the cache), instantiated, asked who it is, and configured for every
 //!    aggregation it replaces (those whose plugin has its name, or the one named).
-//! 2. On the job's thread, between two records ([`Job::swap`]): the checks of an offline
+//! 2. On the job's thread, between two records ([`Engine::swap`]): the checks of an offline
 //!    deploy that need the job (key fields, held rows, decoder); a savepoint of the job
 //!    as it is, the swap's rollback point; every accumulator migrated by the new plugin
 //!    when its state schema differs; then the plugins are swapped in place, with the
@@ -18,10 +18,11 @@
 //! So the output of a live swap is that of stopping with a savepoint at the same record
 //! and deploying offline from it.
 
+use super::build::{fields_of, operator, results_fingerprint};
 use super::checkpoints::{begin_savepoint, join_writer, Checkpointer, SavepointFailed, SavepointWriter};
 use super::commands::{Refused, ShadowStatus};
 use super::deployment::Deployment;
-use super::route::{fields_of, operator, results_fingerprint, Job};
+use super::engine::Engine;
 use super::shadow::Shadow;
 use super::upgrade::{self, Refusal};
 use crate::pipeline::Pipeline;
@@ -55,7 +56,7 @@ pub(super) enum NotSwapped {
     Failed(Error),
 }
 
-impl Job {
+impl Engine {
     /// The checks of a swap that touch nothing (the same logic, key fields, held rows,
     /// fields the records decode to): the decoder, the operators' columns and the results'
     /// fingerprint the job runs with once the deployment is swapped in.
@@ -210,7 +211,7 @@ impl Job {
     }
 }
 
-impl Job {
+impl Engine {
     /// Start running a deployment's plugins as a shadow of the aggregations they replace.
     pub(super) fn start_shadow(
         &mut self,

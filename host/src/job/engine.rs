@@ -1,7 +1,8 @@
-//! The job's state and what happens to one record: decoded, filtered, dead-lettered,
-//! late or accepted by each aggregation; the watermark moved and what it fires written;
-//! side outputs; the state captured for checkpoints and savepoints, and restored.
+//! The engine of a running job and what happens to one record: decoded, filtered,
+//! dead-lettered, late or accepted by each aggregation; the watermark moved and what it
+//! fires written; side outputs. (Its snapshots and restores are in job/snapshot.rs.)
 
+use super::build::{fields_of, idleness, operator, results_fingerprint};
 use super::lag::{report_lag, LagReport};
 use super::upgrade;
 use crate::checkpoint::components::Component;
@@ -15,11 +16,10 @@ use crate::source::decode::{Decoder, Reject, MAX_FIELDS};
 use crate::source::json::Scalar;
 use crate::source::{line_break_at, Position, Source, Took};
 use crate::state::saved::Counters;
-use crate::time::{Idleness, Watermarks, Window};
+use crate::time::{Watermarks, Window};
 use crate::window::aggregator::Aggregator;
 use crate::window::operator::{Emitted, Verdict, WindowOperator};
 use crate::{metrics, Result};
-use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 
 /// Fields most jobs read (time, filter, key, plugin fields): a record's slots are this
@@ -42,7 +42,6 @@ macro_rules! field_slots {
     }};
 }
 
-/// The job's loop state.
 /// With `partition_field`, the partitions (field values) a job keeps at most; a record with
 /// another value is dead-lettered.
 pub const MAX_FIELD_PARTITIONS: usize = 1024;
@@ -50,7 +49,9 @@ pub const MAX_FIELD_PARTITIONS: usize = 1024;
 /// The longest `partition_field` value, in bytes.
 pub const MAX_PARTITION_NAME: usize = 256;
 
-pub(super) struct Job {
+/// The part of a running job that one record touches: its decoder, each aggregation's
+/// window operator, the watermarks and the sinks.
+pub(super) struct Engine {
     pub(super) decoder: Decoder,
     pub(super) ops: Vec<WindowOperator>,
     pub(super) watermarks: Watermarks,
@@ -65,7 +66,7 @@ pub(super) struct Job {
     pub(super) filtered: u64,
     pub(super) dead_lettered: u64,
     pub(super) key_buf: Vec<u8>,
-    /// The key of the record after the one at hand ([`Job::on_records_framed`]).
+    /// The key of the record after the one at hand ([`Engine::on_records_framed`]).
     pub(super) next_key: Vec<u8>,
     pub(super) line_buf: Vec<u8>,
     pub(super) results: Vec<Emitted>,
@@ -115,8 +116,8 @@ impl Confined {
     }
 }
 
-impl Job {
-    pub(super) fn new(pipeline: &Pipeline, plugins: Vec<Plugin>) -> Result<Job> {
+impl Engine {
+    pub(super) fn new(pipeline: &Pipeline, plugins: Vec<Plugin>) -> Result<Engine> {
         // A plugin that reads more key fields than the pipeline's key has is refused now,
         // not on every window.
         for (a, p) in pipeline.aggregations.iter().zip(&plugins) {
@@ -133,7 +134,7 @@ impl Job {
             .collect();
         let by_field = pipeline.source.partitioning().field.is_some();
         let idleness = idleness(pipeline);
-        Ok(Job {
+        Ok(Engine {
             decoder,
             ops,
             watermarks: Watermarks::new(pipeline.event_time.watermark_delay_ms, idleness),
@@ -180,7 +181,7 @@ impl Job {
     /// [`crate::source::json::Projection::scan_framed`]), up to `most`; `took` counts
     /// them and the bytes they cover with their line breaks, the first at `pos`. The first
     /// record it cannot take is left (found by its line break, it goes through
-    /// [`Job::on_record`]).
+    /// [`Engine::on_record`]).
     ///
     /// Each record is scanned one ahead of its processing: the key of the next one is
     /// built and its place in each aggregation's key index asked for
@@ -241,7 +242,7 @@ impl Job {
         }
     }
 
-    /// Whether the next record is to be offered to [`Job::on_records_framed`] (see
+    /// Whether the next record is to be offered to [`Engine::on_records_framed`] (see
     /// [`crate::source::json::Projection::frames`]).
     #[inline]
     pub(super) fn frames(&mut self) -> bool {
@@ -627,30 +628,6 @@ impl Job {
     }
 }
 
-/// Each aggregation's plugin name and fields, for the [`Decoder`].
-pub(super) fn fields_of<'a>(plugins: &[&'a dyn Aggregator]) -> Vec<(&'a str, &'a [crate::plugin::Field])> {
-    plugins.iter().map(|p| (p.identity().name.as_str(), p.info().fields.as_slice())).collect()
-}
-
-/// The window operator of aggregation `i`, running `plugin` over the decoder's `columns`.
-pub(super) fn operator(pipeline: &Pipeline, i: usize, plugin: Plugin, columns: Vec<usize>) -> WindowOperator {
-    let a = &pipeline.aggregations[i];
-    let prefixed = pipeline.aggregations.len() > 1;
-    let mut op = WindowOperator::new(
-        &a.name,
-        prefixed,
-        &a.window,
-        Box::new(plugin),
-        a.plugin.batch_size,
-        pipeline.key.len(),
-        columns,
-    );
-    op.set_on_error(a.plugin.on_error);
-    op.set_quarantine_after(a.plugin.quarantine_after);
-    op.set_quarantine_max_keys(a.plugin.quarantine_max_keys);
-    op
-}
-
 /// Keep a late event's or dead letter's reason among the latest (a repeat of the last one
 /// is counted, without allocating).
 fn note(
@@ -677,41 +654,4 @@ fn note(
         aggregation: aggregation.map(str::to_string),
         count: 1,
     });
-}
-
-/// What determines a job's results: its source and filter, event time (delay, accepted
-/// range), idleness, every aggregation's window (with its lateness), plugin code,
-/// configuration, limits and fault policy. A replay with the same fingerprint over the same
-/// records gives the same results. (Written with `Debug`: a km0 of another version may
-/// compute another one, which only makes it refuse a replay it could have skipped.)
-pub(super) fn results_fingerprint(pipeline: &Pipeline, plugins: &[&dyn Aggregator]) -> String {
-    let mut text = format!(
-        "{}|{:?}|{:?}|{:?}|{:?}",
-        pipeline.state_fingerprint(),
-        pipeline.source,
-        pipeline.filter,
-        pipeline.event_time,
-        pipeline.key
-    );
-    for (a, p) in pipeline.aggregations.iter().zip(plugins) {
-        text.push_str(&format!(
-            "|{}:{:?}:{}:{:?}:{:?}:{:?}",
-            a.name,
-            a.window,
-            p.identity().sha256,
-            a.plugin.config,
-            a.plugin.limits,
-            a.plugin.on_error
-        ));
-    }
-    crate::pipeline::hex(&Sha256::digest(text.as_bytes()))
-}
-
-/// The pipeline's idleness rules for partition watermarks.
-pub(super) fn idleness(pipeline: &Pipeline) -> Idleness {
-    let p = pipeline.source.partitioning();
-    Idleness {
-        timeout: p.idle_timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
-        after_records: p.idle_after_records,
-    }
 }

@@ -4,27 +4,26 @@
 //! of the input, and the run's summary). The control port, periodic checkpoints and live
 //! deploys act on the job through its methods.
 
+mod ending;
+mod open;
+mod probation;
+
 pub(super) use super::checkpoints::SavepointFailed;
 use super::checkpoints::{write_savepoint, CheckpointStats, Checkpointer};
 use super::commands::{
     CheckpointInfo, CheckpointStatus, ControlHandle, JobState, JobStatus, Refused, StopMode, StopReply,
 };
 use super::deployment::Deployment;
+use super::engine::Engine;
 use super::lag::{report_lag, LagReport};
 use super::ledger::{Ledger, Rollback};
-use super::route::Job;
 use super::swap::{NotSwapped, Swapped};
-use super::{OperatorSummary, Restore, RunOptions, Summary, Upgrade};
-use crate::checkpoint::components::Component;
-use crate::checkpoint::savepoint;
-use crate::checkpoint::store::Checkpoints;
-use crate::pipeline::{Backend, Pipeline};
-use crate::plugin::{Plugin, PluginIdentity};
-use crate::sink::{ResultSink, Sinks, SinksAt};
+use super::Summary;
+use crate::pipeline::Pipeline;
+use crate::plugin::PluginIdentity;
+use crate::sink::ResultSink;
 use crate::source::{Framed, Source};
-use crate::state::rocks::RocksState;
 use crate::{metrics, Error, Result};
-use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -73,11 +72,11 @@ pub(super) trait Port {
     fn answer_pending(&mut self, running: &RunningJob, wait: bool);
 }
 
-/// One running job: its source and position, its operators and watermarks ([`Job`]), its
+/// One running job: its source and position, its operators and watermarks ([`Engine`]), its
 /// sinks and its checkpointer, and the control port's side of the loop.
 pub(super) struct RunningJob<'p> {
     pipeline: &'p Pipeline,
-    job: Job,
+    job: Engine,
     source: Source,
     checkpoints: Option<Checkpointer>,
     stats: CheckpointStats,
@@ -117,120 +116,6 @@ pub(super) struct RunningJob<'p> {
 }
 
 impl<'p> RunningJob<'p> {
-    /// Open a job: its operators with `plugins`, the state of `restore` loaded (checked
-    /// against `upgrade`'s rules), the source positioned, checkpoints, then the sinks.
-    pub(super) fn open(
-        pipeline: &'p Pipeline,
-        opts: &RunOptions,
-        plugins: Vec<(Plugin, Option<Component>)>,
-        restore: Option<Restore>,
-        upgrade: Upgrade,
-        restore_started: Instant,
-        port: Option<Box<dyn Port + Send>>,
-    ) -> Result<RunningJob<'p>> {
-        let (plugins, components): (Vec<Plugin>, Vec<Option<Component>>) = plugins.into_iter().unzip();
-        let mut job = Job::new(pipeline, plugins)?;
-        job.components = components;
-        if let Some(input) = &opts.input {
-            // Another input is another run: it never replays an epoch of the pipeline's own.
-            let text = format!("{}|input={}", job.fingerprint, input.display());
-            job.fingerprint = crate::pipeline::hex(&Sha256::digest(text.as_bytes()));
-        }
-        let recovered_from = restore.as_ref().and_then(|r| r.checkpoint).map(|n| format!("chk-{n:06}"));
-        let restore = restore.map(|r| r.savepoint);
-        let mut migrated = Vec::new();
-        if let Some(sp) = &restore {
-            migrated = job.restore(pipeline, sp, &upgrade)?;
-        }
-        let restore_time = if restore.is_some() { restore_started.elapsed() } else { Duration::ZERO };
-        // The saved slots are the job's now: only what the savepoint says of the source and
-        // sinks is kept (its slots, ~100 MB for ~1M windows, were kept for the whole run).
-        let restore = restore.map(|sp| sp.meta);
-        let ledger = restore.as_ref().and_then(|meta| Ledger::of(meta.control.as_ref()));
-        let source = Source::open(
-            &pipeline.source,
-            opts.input.as_ref(),
-            opts.follow,
-            restore.as_ref().map(|meta| &meta.source),
-        )?;
-        let mut source = source;
-        // A task of a job partitioned by key checks that its records are keyed as it owns
-        // them.
-        if pipeline.task.is_some() && !pipeline.partitioned_by.is_empty() {
-            if let Some(key) = source.keep_message_keys() {
-                job.confined = Some(super::route::Confined { names: pipeline.partitioned_by.clone(), key });
-            }
-        }
-        if let Some(member) = &opts.committer {
-            source.commit_through(member.clone());
-        }
-        let checkpoints =
-            open_checkpoints(pipeline, &mut job, Source::unbounded(&pipeline.source, opts.follow))?;
-        place_partitions(pipeline, &mut job, &source, restore.is_some());
-        // Sinks are opened only once everything above has been checked. A task of a job
-        // shared with a group writes its sinks as the owner of its checkpoints' generation.
-        let owner = checkpoints.as_ref().and_then(|c| c.generation).filter(|_| opts.committer.is_some());
-        let sinks = Sinks::open(
-            pipeline,
-            opts.output.as_deref(),
-            SinksAt {
-                positions: restore.as_ref().map_or(&[], |meta| &meta.sinks[..]),
-                snapshot: restore.as_ref().map(|meta| meta.snapshot_id.clone()),
-                ordinal: job.results_out,
-                fingerprint: job.fingerprint.clone(),
-                owner,
-                in_group: opts.committer.is_some(),
-            },
-        )?;
-        (job.output, job.late, job.dead) = (Some(sinks.output), Some(sinks.late), Some(sinks.dead));
-        job.sources = (0..source.partitions()).map(|p| source.partition_name(p as u32)).collect();
-        let mut checkpoints = checkpoints;
-        if let (Some(c), Some(out)) = (checkpoints.as_mut(), job.output.as_ref()) {
-            c.synchronous = out.commits_on_completion();
-        }
-        tracing::info!(pipeline = %pipeline.name, partitions = source.partitions(), resumed = restore.is_some(), "job started");
-
-        let savepoint_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
-        savepoint::remove_abandoned(&savepoint_dir);
-        let t0 = Instant::now();
-        let control = opts.control.clone();
-        let mut running = RunningJob {
-            pipeline,
-            job,
-            read_before: source.records(),
-            source,
-            checkpoints,
-            stats: CheckpointStats::default(),
-            savepoint_dir,
-            follow: Source::unbounded(&pipeline.source, opts.follow),
-            stop_after: opts.stop_with_savepoint_after,
-            lag_at: LagReport::new(pipeline),
-            control,
-            port,
-            take_commands: false,
-            idle_loops: 0,
-            stop_reply: None,
-            savepoint: None,
-            savepoint_pause: Duration::ZERO,
-            migrated,
-            recovered_from,
-            restore_time,
-            t0,
-            cpu0: metrics::thread_cpu_time(),
-            in_group: opts.committer.is_some(),
-            rollback: None,
-            halted: None,
-            shadow_to_resume: None,
-        };
-        if let Some(ledger) = ledger {
-            if let Some(mut port) = running.port.take() {
-                port.resume(&mut running, ledger);
-                running.port = Some(port);
-            }
-        }
-        Ok(running)
-    }
-
     /// What the loop starts with: a stop at once for `--stop-with-savepoint-after 0`.
     pub(super) fn first_step(&self) -> Step {
         if self.stop_after == Some(0) {
@@ -293,103 +178,6 @@ impl<'p> RunningJob<'p> {
             self.complete_snapshot(true)?;
         }
         Ok(())
-    }
-
-    /// The control port found the last live deploy failing too often.
-    pub(super) fn roll_back_to(&mut self, r: Rollback) {
-        self.rollback = Some(r);
-    }
-
-    /// Put aggregation `i`'s new plugin on probation (a live deploy the job may roll back).
-    pub(super) fn watch_deploy(&mut self, i: usize, rate: f64) {
-        let breaker = self.breaker(i);
-        if let Some(op) = self.job.ops.get_mut(i) {
-            op.watch_deploy(rate, breaker);
-        }
-    }
-
-    /// Aggregation `i` goes on judging the plugin it was judging when its snapshot was
-    /// taken (restored), with the deploy's fault rate; `kept`: past its probation.
-    pub(super) fn resume_watch(&mut self, i: usize, rate: f64, kept: bool) {
-        let breaker = self.breaker(i);
-        if let Some(op) = self.job.ops.get_mut(i) {
-            op.resume_watch(rate, breaker, kept);
-        }
-    }
-
-    /// Aggregation `i`'s circuit breaker (events, fault rate), if it has one.
-    fn breaker(&self, i: usize) -> Option<(u64, f64)> {
-        let b = self.pipeline.aggregations.get(i)?.plugin.breaker;
-        (b.events > 0).then_some((b.events, b.fault_rate))
-    }
-
-    /// Whether a tripped breaker of a deploy into `aggregations` stops the job (rather
-    /// than rolling the deploy back).
-    pub(super) fn breaker_stops(&self, aggregations: &[String]) -> bool {
-        self.pipeline.aggregations.iter().any(|a| {
-            aggregations.contains(&a.name) && a.plugin.breaker.action == crate::pipeline::BreakerAction::Stop
-        })
-    }
-
-    /// Stop the job with a savepoint, failing with `reason` (a tripped breaker).
-    pub(super) fn halt(&mut self, reason: String) {
-        self.halted = Some(reason);
-    }
-
-    /// What the control port keeps in the job's snapshots (its [`Ledger`]).
-    pub(super) fn keep_ledger(&mut self, ledger: Option<serde_json::Value>) {
-        self.job.ledger = ledger;
-    }
-
-    /// Whether aggregation `i`'s new plugin is still on probation.
-    pub(super) fn deploy_watched(&self, i: usize) -> bool {
-        self.job.ops.get(i).is_some_and(|op| op.deploy_watched())
-    }
-
-    /// Whether aggregation `i`'s new plugin is past its probation, watched by its breaker.
-    pub(super) fn deploy_on_breaker(&self, i: usize) -> bool {
-        self.job.ops.get(i).is_some_and(|op| op.deploy_on_breaker())
-    }
-
-    /// Aggregation `i`'s new plugin failed its probation (or tripped its breaker): what
-    /// it failed on and was given, and whether its breaker tripped.
-    pub(super) fn deploy_failed(&self, i: usize) -> Option<(crate::window::operator::Tally, bool)> {
-        self.job.ops.get(i).and_then(|op| op.deploy_failed())
-    }
-
-    /// Judge aggregation `i`'s new plugin on what it has done since its deploy.
-    pub(super) fn judge_deploy(&mut self, i: usize) {
-        if let Some(op) = self.job.ops.get_mut(i) {
-            op.judge_deploy();
-        }
-    }
-
-    /// Stop watching aggregation `i`'s plugin.
-    pub(super) fn unwatch_deploy(&mut self, i: usize) {
-        if let Some(op) = self.job.ops.get_mut(i) {
-            op.unwatch_deploy();
-        }
-    }
-
-    /// The fault rate that rolls back a deploy into `aggregations` (the lowest of theirs).
-    pub(super) fn rollback_fault_rate(&self, aggregations: &[String]) -> f64 {
-        self.pipeline
-            .aggregations
-            .iter()
-            .filter(|a| aggregations.contains(&a.name))
-            .map(|a| a.plugin.rollback_fault_rate)
-            .fold(1.0, f64::min)
-    }
-
-    /// Why a live deploy into this job cannot be rolled back by the job (none: it can).
-    pub(super) fn why_not_watched(&self) -> Option<&'static str> {
-        if !self.pipeline.source.replays() {
-            Some("the source (standard input) cannot be read again from the rollback savepoint")
-        } else if self.pipeline.task.is_some() {
-            Some("a job of several tasks is not rolled back task by task (deploy the previous version again)")
-        } else {
-            None
-        }
     }
 
     /// Take the records up to the next point where the loop looks at something else
@@ -713,220 +501,6 @@ impl<'p> RunningJob<'p> {
             group: None,
             shadow: job.shadow.as_ref().map(|s| s.status()),
         }
-    }
-
-    /// End the job as `end` says: with its savepoint (a stop), or every open window fired
-    /// and committed (the input ended, or a stop that drains); then its summary.
-    pub(super) fn finish(mut self, end: Step) -> Result<Summary> {
-        self.complete_snapshot(true)?;
-        if let Some(mut port) = self.port.take() {
-            // A deploy just swapped in is whole before the job ends: a restart from its
-            // checkpoints runs the plugin its caller was told about.
-            let finished = port.finish_pending(&mut self);
-            if let Err(e) = finished {
-                port.send_answers();
-                return Err(e);
-            }
-            port.publish(&self, true);
-            port.send_answers();
-        }
-        if let Some(handle) = &self.control {
-            handle.set_state(JobState::Stopping);
-            // Commands that came after the stop are answered now.
-            handle.refuse_waiting("the job is stopping");
-        }
-        let ended = match end {
-            Step::Stopped(StopMode::Savepoint) => self.final_savepoint(),
-            _ => self.drain(),
-        };
-        if let Some(reply) = self.stop_reply.take() {
-            let _ = reply.send(match &ended {
-                Ok(()) => Ok(self.savepoint.clone()),
-                Err(e) => Err(Refused::Failed(e.to_string())),
-            });
-        }
-        ended?;
-        if let Some(handle) = &self.control {
-            handle.set_state(JobState::Stopped);
-        }
-        Ok(self.summary(true))
-    }
-
-    /// Let the task go (its partition was revoked): with `checkpoint`, what it has read is
-    /// checkpointed and committed first, so that the next owner restores from here; without
-    /// (the partition is already another's), it is dropped as a crash would drop it. Open
-    /// windows are not fired: they go on with the next owner.
-    pub(super) fn release(mut self, checkpoint: bool) -> Result<Summary> {
-        if checkpoint {
-            self.complete_snapshot(true)?;
-            // A task that read nothing since its last checkpoint (now complete) hands that
-            // one over: another would hold the same.
-            let current = self
-                .checkpoints
-                .as_ref()
-                .is_some_and(|c| !c.history.is_empty() && c.records_at_last == self.source.records());
-            if !current {
-                self.checkpoint()?;
-                self.complete_snapshot(true)?;
-            }
-        }
-        if let Some(mut port) = self.port.take() {
-            if checkpoint {
-                port.finish_pending(&mut self)?;
-            }
-            port.answer_pending(&self, true);
-            port.send_answers();
-        }
-        if let Some(handle) = &self.control {
-            handle.refuse_waiting("the task moved to another process of the group");
-            handle.set_state(JobState::Stopped);
-        }
-        Ok(self.summary(false))
-    }
-
-    /// The savepoint a stop ends with (unless the stop command's was written already).
-    fn final_savepoint(&mut self) -> Result<()> {
-        if self.savepoint.is_none() {
-            let (path, pause) = self.savepoint()?;
-            self.savepoint_pause = pause;
-            self.savepoint = Some(path);
-        }
-        Ok(())
-    }
-
-    /// Fire every open window and commit the sinks, as at the end of a bounded input.
-    fn drain(&mut self) -> Result<()> {
-        let job = &mut self.job;
-        for (i, op) in job.ops.iter_mut().enumerate() {
-            let mark = job.results.len();
-            op.drain(&mut job.results)?;
-            if let Some(shadow) = job.shadow.as_mut() {
-                shadow.advance(i, None, (&job.results[mark..], op.plugin().call_seconds()));
-            }
-        }
-        if let Some(shadow) = job.shadow.as_mut() {
-            shadow.flush();
-        }
-        job.write_results()?;
-        let mut barrier = job.barrier();
-        barrier.id.insert_str(0, crate::sink::postgres::END_PREFIX);
-        if let Some(out) = job.output.as_mut() {
-            out.commit(job.results_out, &barrier)?;
-        }
-        let refused = job.output.as_mut().map(ResultSink::take_refused).unwrap_or_default();
-        job.dead_letter_results(refused)?;
-        if let Some(late) = job.late.as_mut() {
-            late.commit()?;
-        }
-        if let Some(dead) = job.dead.as_mut() {
-            dead.commit()?;
-        }
-        // Everything read is in the sinks: show it to the consumer group.
-        self.source.checkpoint_complete(&self.source.position());
-        Ok(())
-    }
-
-    /// Release quarantined keys (see [`Job::release`]).
-    pub(super) fn release_keys(
-        &mut self,
-        aggregation: Option<&str>,
-        key: Option<&[String]>,
-    ) -> std::result::Result<usize, super::commands::Refused> {
-        self.job.release(aggregation, key)
-    }
-
-    /// What the run did; with `lag`, the consumer lag at its end (asked of the brokers).
-    fn summary(self, lag: bool) -> Summary {
-        let job = &self.job;
-        let operators: Vec<OperatorSummary> = job
-            .ops
-            .iter()
-            .map(|op| OperatorSummary {
-                name: op.name().to_string(),
-                plugin: op.identity().clone(),
-                counters: op.counters().clone(),
-                open_slots: op.open_slots(),
-                keys: op.keys(),
-            })
-            .collect();
-        Summary {
-            counters: job.counters(),
-            open_windows: operators.iter().map(|o| o.open_slots).sum(),
-            plugin: operators[0].plugin.clone(),
-            operators,
-            watermark: job.watermarks.current(),
-            savepoint: self.savepoint,
-            migrated: self.migrated,
-            records_this_run: self.source.records() - self.read_before,
-            elapsed: self.t0.elapsed(),
-            cpu: metrics::thread_cpu_time().saturating_sub(self.cpu0),
-            recovered_from: self.recovered_from,
-            restore_time: self.restore_time,
-            checkpoints: self.stats.count,
-            checkpoint_pause_max: self.stats.max,
-            checkpoint_pause_total: self.stats.total,
-            savepoint_pause: self.savepoint_pause,
-            lag: if lag {
-                self.source.lag().unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "could not read the consumer lag");
-                    Vec::new()
-                })
-            } else {
-                Vec::new()
-            },
-            backpressure_pauses: job.backpressure.0,
-        }
-    }
-}
-
-/// The checkpointer of a job whose pipeline has checkpoints (operators track their
-/// changes with the RocksDB backend); a deployed component it runs is stored first.
-fn open_checkpoints(pipeline: &Pipeline, job: &mut Job, follows: bool) -> Result<Option<Checkpointer>> {
-    let Some(spec) = &pipeline.checkpoints else { return Ok(None) };
-    let store = Checkpoints::open(&spec.dir, spec.remote.as_deref())?;
-    let generation = store.claim()?;
-    let next = store.next()?;
-    let rocks = match pipeline.state.backend_for(follows) {
-        Backend::Memory => None,
-        Backend::Rocksdb => {
-            for op in &mut job.ops {
-                op.track_changes();
-            }
-            Some(std::sync::Arc::new(RocksState::open_fresh(&pipeline.state.dir)?))
-        }
-    };
-    // A deployed component is stored before any checkpoint records it.
-    for component in job.components.iter().flatten() {
-        component.put(&spec.dir)?;
-    }
-    Ok(Some(Checkpointer {
-        spec: spec.clone(),
-        store,
-        rocks,
-        next,
-        last: Instant::now(),
-        records_at_last: 0,
-        writing: None,
-        failed_savepoints: Vec::new(),
-        synchronous: false,
-        history: Default::default(),
-        generation,
-    }))
-}
-
-/// The watermark clock of each source partition: a fresh job's file partitions get one
-/// each, in order; Kafka partitions meet their clocks by name (a topic may have gained
-/// partitions since the checkpoint: a new one gets a clock of its own).
-fn place_partitions(pipeline: &Pipeline, job: &mut Job, source: &Source, restored: bool) {
-    if pipeline.source.partitioning().field.is_none() && !restored {
-        for p in 0..source.partitions() {
-            job.watermarks.partition(&source.partition_name(p as u32));
-        }
-    }
-    if source.partitions_by_name() {
-        job.clock_of = (0..source.partitions())
-            .map(|p| job.watermarks.partition(&source.partition_name(p as u32)))
-            .collect();
     }
 }
 

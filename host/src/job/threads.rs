@@ -6,7 +6,7 @@ use super::checkpoints::savepoint_path;
 use super::commands::{ControlHandle, Refused};
 use super::fan::{Fan, TaskPort};
 use super::membership::{self, Membership, Order};
-use super::running::Step;
+use super::running::{RunningJob, Step};
 use super::tasks::{plan, task_file, task_savepoints, Open, Task};
 use super::{RunOptions, Summary};
 use crate::checkpoint::savepoint;
@@ -28,31 +28,7 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     if in_group {
         membership::check(pipeline, opts)?;
     }
-    let mut tasks = plan(pipeline, opts)?;
-    let mut restore = vec![None; tasks.len()];
-    if let Some(sp) = &opts.from_savepoint {
-        let (from, ended) = task_savepoints(sp, &tasks)?;
-        restore = from;
-        let mut i = 0;
-        tasks.retain(|_| (!ended[i], i += 1).0);
-        let mut i = 0;
-        restore.retain(|_| (!ended[i], i += 1).0);
-    }
-    if tasks.is_empty() {
-        return Err(Error::Usage(format!("pipeline {:?} has no partition left to run", pipeline.name)));
-    }
-    if let Some(c) = &pipeline.checkpoints {
-        let one_task = std::fs::read_dir(&c.dir)
-            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("chk-")))
-            .unwrap_or(false);
-        if one_task {
-            tracing::warn!(
-                dir = %c.dir.display(),
-                "this folder holds checkpoints of the job run as one task: its tasks keep theirs in task-N/ and \
-                 do not recover from those (resume from a savepoint to carry state over)"
-            );
-        }
-    }
+    let (tasks, restore) = tasks_to_run(pipeline, opts)?;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let threads = opts.parallelism.or(pipeline.parallelism).unwrap_or(cores).clamp(1, tasks.len());
     let sp_dir = opts.savepoint_dir.clone().unwrap_or_else(|| pipeline.savepoints.clone());
@@ -60,52 +36,19 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     // In a consumer group the group decides which tasks run here, and when.
     let (membership, mut inboxes, member) = match pipeline.source.group().filter(|_| in_group) {
         Some(group) => {
-            let parts = tasks.iter().map(|t| t.pipeline.source.only_partition()).collect();
-            // Live deploys are recorded in the job's shared store for every process.
-            let deploys = match pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref()) {
-                Some(url) => Some(crate::checkpoint::remote::RemoteStore::open(url)?),
-                None => None,
-            };
-            let (m, inboxes) = Membership::new(group, parts, threads, failed.clone(), deploys);
-            let member = GroupMember::join(&pipeline.source, m.clone())?;
+            let (m, inboxes, member) = join_group(pipeline, group, &tasks, threads, failed.clone())?;
             (Some(m), inboxes.into_iter().map(Some).collect(), Some(member))
         }
         None => (None, (0..threads).map(|_| None).collect::<Vec<_>>(), None),
     };
     let committer = member.as_ref().map(GroupMember::committer);
-    let task_opts: Vec<RunOptions> = tasks
-        .iter()
-        .zip(restore)
-        .map(|(t, from)| RunOptions {
-            output: opts.output.as_ref().map(|p| task_file(p, &t.name)),
-            savepoint_dir: Some(sp_dir.join(".tasks").join(&t.name)),
-            from_savepoint: from,
-            control: opts.control.as_ref().map(|_| ControlHandle::new()),
-            parallelism: None,
-            committer: committer.clone(),
-            ..opts.clone()
-        })
-        .collect();
+    let task_opts = task_options(opts, &tasks, restore, &sp_dir, committer);
     tracing::info!(pipeline = %pipeline.name, tasks = tasks.len(), threads, in_group, "job started as tasks");
     let leave = AtomicBool::new(false);
     let finished = AtomicBool::new(member.is_none());
     let fan = opts.control.clone().map(|outer| Fan {
         outer,
-        tasks: tasks
-            .iter()
-            .zip(&task_opts)
-            .enumerate()
-            .filter_map(|(i, (t, o))| {
-                Some(TaskPort {
-                    name: t.name.clone(),
-                    partition: t.partition.clone(),
-                    thread: i % threads,
-                    handle: o.control.clone()?,
-                    checkpoints: t.pipeline.checkpoints.as_ref().map(|c| c.dir.clone()),
-                    owned: membership.as_ref().map(|m| m.owned[i].clone()),
-                })
-            })
-            .collect(),
+        tasks: task_ports(&tasks, &task_opts, threads, membership.as_deref()),
         membership: membership.clone(),
         leave: &leave,
         pipeline: pipeline.name.clone(),
@@ -160,9 +103,121 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
         }
         out
     });
+    let result = sum_threads(outcomes)
+        .and_then(|(parts, times)| finish(pipeline, &tasks, parts, &sp_dir, times, in_group));
+    if let Some(f) = &fan {
+        answer_stop(f, &result);
+    }
+    result
+}
+
+/// The tasks this run starts (those a savepoint marks as ended are left out), with the
+/// savepoint each resumes from.
+fn tasks_to_run(pipeline: &Pipeline, opts: &RunOptions) -> Result<(Vec<Task>, Vec<Option<PathBuf>>)> {
+    let mut tasks = plan(pipeline, opts)?;
+    let mut restore = vec![None; tasks.len()];
+    if let Some(sp) = &opts.from_savepoint {
+        let (from, ended) = task_savepoints(sp, &tasks)?;
+        restore = from;
+        let mut i = 0;
+        tasks.retain(|_| (!ended[i], i += 1).0);
+        let mut i = 0;
+        restore.retain(|_| (!ended[i], i += 1).0);
+    }
+    if tasks.is_empty() {
+        return Err(Error::Usage(format!("pipeline {:?} has no partition left to run", pipeline.name)));
+    }
+    if let Some(c) = &pipeline.checkpoints {
+        let one_task = std::fs::read_dir(&c.dir)
+            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("chk-")))
+            .unwrap_or(false);
+        if one_task {
+            tracing::warn!(
+                dir = %c.dir.display(),
+                "this folder holds checkpoints of the job run as one task: its tasks keep theirs in task-N/ and \
+                 do not recover from those (resume from a savepoint to carry state over)"
+            );
+        }
+    }
+    Ok((tasks, restore))
+}
+
+/// This process's membership of `group` for `tasks` (task i reads partition i), the order
+/// queue of each of its `threads`, and its member of the group, joined.
+fn join_group(
+    pipeline: &Pipeline,
+    group: &str,
+    tasks: &[Task],
+    threads: usize,
+    failed: Arc<AtomicBool>,
+) -> Result<(Arc<Membership>, Vec<Receiver<Order>>, GroupMember)> {
+    let parts = tasks.iter().map(|t| t.pipeline.source.only_partition()).collect();
+    // Live deploys are recorded in the job's shared store for every process.
+    let deploys = match pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref()) {
+        Some(url) => Some(crate::checkpoint::remote::RemoteStore::open(url)?),
+        None => None,
+    };
+    let (m, inboxes) = Membership::new(group, parts, threads, failed, deploys);
+    let member = GroupMember::join(&pipeline.source, m.clone())?;
+    Ok((m, inboxes, member))
+}
+
+/// Each task's run options: its own output file, savepoint folder, savepoint to resume
+/// from and control handle.
+fn task_options(
+    opts: &RunOptions,
+    tasks: &[Task],
+    restore: Vec<Option<PathBuf>>,
+    sp_dir: &Path,
+    committer: Option<crate::source::group::Committer>,
+) -> Vec<RunOptions> {
+    tasks
+        .iter()
+        .zip(restore)
+        .map(|(t, from)| RunOptions {
+            output: opts.output.as_ref().map(|p| task_file(p, &t.name)),
+            savepoint_dir: Some(sp_dir.join(".tasks").join(&t.name)),
+            from_savepoint: from,
+            control: opts.control.as_ref().map(|_| ControlHandle::new()),
+            parallelism: None,
+            committer: committer.clone(),
+            ..opts.clone()
+        })
+        .collect()
+}
+
+/// The control ports of the tasks, as the job's port fans commands out to them.
+fn task_ports(
+    tasks: &[Task],
+    opts: &[RunOptions],
+    threads: usize,
+    membership: Option<&Membership>,
+) -> Vec<TaskPort> {
+    tasks
+        .iter()
+        .zip(opts)
+        .enumerate()
+        .filter_map(|(i, (t, o))| {
+            Some(TaskPort {
+                name: t.name.clone(),
+                partition: t.partition.clone(),
+                thread: i % threads,
+                handle: o.control.clone()?,
+                checkpoints: t.pipeline.checkpoints.as_ref().map(|c| c.dir.clone()),
+                owned: membership.map(|m| m.owned[i].clone()),
+            })
+        })
+        .collect()
+}
+
+/// The threads' summaries, and their CPU time and the longest run; or the first error.
+#[allow(clippy::type_complexity)]
+fn sum_threads(
+    outcomes: Vec<std::thread::Result<Result<Driven>>>,
+) -> Result<(Vec<(usize, Summary)>, (Duration, Duration))> {
     let mut parts = Vec::new();
-    let mut first_error = None;
     let (mut cpu, mut elapsed) = (Duration::ZERO, Duration::ZERO);
+    let mut first_error = None;
     for o in outcomes {
         match o {
             Ok(Ok(d)) => {
@@ -174,23 +229,24 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
             Err(_) => first_error = first_error.or(Some(Error::Usage("a task thread panicked".into()))),
         }
     }
-    let stop_reply = fan.as_ref().and_then(|f| f.stop.lock().ok().and_then(|mut s| s.take()));
-    let result = match first_error {
+    match first_error {
         Some(e) => Err(e),
-        None => finish(pipeline, &tasks, parts, &sp_dir, (cpu, elapsed), in_group),
-    };
-    if let Some((reply, answers)) = stop_reply {
-        let refused = answers.iter().find_map(|rx| match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(Err(e)) => Some(e),
-            _ => None,
-        });
-        let _ = reply.send(match (&result, refused) {
-            (_, Some(e)) => Err(e),
-            (Ok(s), None) => Ok(s.savepoint.clone()),
-            (Err(e), None) => Err(Refused::Failed(e.to_string())),
-        });
+        None => Ok((parts, (cpu, elapsed))),
     }
-    result
+}
+
+/// Answer the stop command the job's port took, if any, with how the job ended.
+fn answer_stop(fan: &Fan, result: &Result<Summary>) {
+    let Some((reply, answers)) = fan.stop.lock().ok().and_then(|mut s| s.take()) else { return };
+    let refused = answers.iter().find_map(|rx| match rx.recv_timeout(Duration::from_secs(1)) {
+        Ok(Err(e)) => Some(e),
+        _ => None,
+    });
+    let _ = reply.send(match (result, refused) {
+        (_, Some(e)) => Err(e),
+        (Ok(s), None) => Ok(s.savepoint.clone()),
+        (Err(e), None) => Err(Refused::Failed(e.to_string())),
+    });
 }
 
 /// One thread's share of the tasks: those it runs from the start, or (in a consumer group)
@@ -229,31 +285,26 @@ fn drive(
     open: &Open,
     failed: &AtomicBool,
 ) -> Result<Driven> {
-    let fail = |e: Error, task: &str| {
-        failed.store(true, Ordering::SeqCst);
-        tracing::error!(task, error = %e, "task failed; the job stops");
-        e
+    let mut d = Driver {
+        tasks,
+        opts,
+        open,
+        failed,
+        in_group: thread.inbox.is_some(),
+        live: Vec::with_capacity(thread.mine.len()),
+        retry: Vec::new(),
+        summaries: Vec::with_capacity(thread.mine.len()),
     };
-    let mut live = Vec::with_capacity(thread.mine.len());
     for &i in &thread.mine {
-        if failed.load(Ordering::SeqCst) {
-            return Err(Error::Usage("another task failed".into()));
-        }
-        let job = open(&tasks[i].pipeline, &opts[i]).map_err(|e| fail(e, &tasks[i].name))?;
-        let step = job.first_step();
-        live.push((i, job, step));
+        d.check_failed()?;
+        d.open_task(i)?;
     }
     let (cpu0, t0) = (metrics::thread_cpu_time(), Instant::now());
-    let mut summaries = Vec::with_capacity(thread.mine.len());
-    // Tasks fenced here, and when to open them again.
-    let mut retry: Vec<(usize, Instant)> = Vec::new();
     loop {
-        if failed.load(Ordering::SeqCst) {
-            return Err(Error::Usage("another task failed".into()));
-        }
+        d.check_failed()?;
         if let Some(inbox) = &thread.inbox {
             // A thread with nothing to run waits for the group to give it a task.
-            let first = if live.is_empty() {
+            let first = if d.live.is_empty() {
                 if thread.finished.load(Ordering::SeqCst) {
                     break;
                 }
@@ -261,99 +312,138 @@ fn drive(
             } else {
                 None
             };
-            // Tasks fenced here that the group has not taken away since: open again (the
-            // other owner was the one the group moved it away from, or will be fenced in
-            // turn until the group settles).
-            let now = Instant::now();
-            let due: Vec<usize> = retry.iter().filter(|(_, at)| *at <= now).map(|(i, _)| *i).collect();
-            retry.retain(|(_, at)| *at > now);
-            for order in due.into_iter().map(Order::Open).chain(first).chain(inbox.try_iter()) {
-                match order {
-                    Order::Open(i) => {
-                        if let Some(h) = &opts[i].control {
-                            h.closed.store(false, Ordering::SeqCst);
-                        }
-                        let job = match open(&tasks[i].pipeline, &opts[i]) {
-                            Ok(job) => job,
-                            // A newer owner took it already: the group moves it away soon.
-                            Err(e @ Error::Fenced { .. }) => {
-                                tracing::warn!(task = %tasks[i].name, error = %e, "task not opened: another process took it; trying again unless the group moves it");
-                                retry.push((i, Instant::now() + REOPEN_AFTER));
-                                continue;
-                            }
-                            Err(e) => return Err(fail(e, &tasks[i].name)),
-                        };
-                        let step = job.first_step();
-                        live.push((i, job, step));
-                    }
-                    Order::Release { task, checkpoint, done } => {
-                        retry.retain(|(i, _)| *i != task);
-                        if let Some(k) = live.iter().position(|(i, _, _)| *i == task) {
-                            let (i, job, _) = live.remove(k);
-                            match job.release(checkpoint) {
-                                Ok(s) => summaries.push((i, s)),
-                                // As if the process had crashed for this task: the next
-                                // owner recovers its newest complete checkpoint.
-                                Err(e) => {
-                                    tracing::warn!(task = %tasks[i].name, error = %e, "the task's hand-over checkpoint failed")
-                                }
-                            }
-                            if let Some(h) = &opts[i].control {
-                                membership::close_port(h);
-                            }
-                            tracing::info!(task = %tasks[i].name, checkpointed = checkpoint, "task handed over");
-                        }
-                        drop(done);
-                    }
-                }
-            }
-            if live.is_empty() {
+            d.take_orders(first.into_iter().chain(inbox.try_iter()))?;
+            if d.live.is_empty() {
                 continue;
             }
-        } else if live.is_empty() {
+        } else if d.live.is_empty() {
             break;
         }
+        d.turn()?;
+    }
+    Ok(Driven {
+        summaries: d.summaries,
+        cpu: metrics::thread_cpu_time().saturating_sub(cpu0),
+        elapsed: t0.elapsed(),
+    })
+}
+
+/// A thread's tasks as it runs them: those open (with the step each is at), those fenced
+/// here (and when to open them again), and the summaries of those that ended or left.
+struct Driver<'j, 'o> {
+    tasks: &'j [Task],
+    opts: &'j [RunOptions],
+    open: &'j Open<'o>,
+    failed: &'j AtomicBool,
+    /// The group gives this thread its tasks (and takes them away).
+    in_group: bool,
+    live: Vec<(usize, RunningJob<'j>, Step)>,
+    retry: Vec<(usize, Instant)>,
+    summaries: Vec<(usize, Summary)>,
+}
+
+impl<'j> Driver<'j, '_> {
+    /// Task `i` failed with `e`: the job stops.
+    fn fail(&self, e: Error, i: usize) -> Error {
+        self.failed.store(true, Ordering::SeqCst);
+        tracing::error!(task = %self.tasks[i].name, error = %e, "task failed; the job stops");
+        e
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(Error::Usage("another task failed".into()));
+        }
+        Ok(())
+    }
+
+    /// Open task `i` (restored from its checkpoints). In a group, one a newer owner took
+    /// already is tried again later (the group moves it away soon).
+    fn open_task(&mut self, i: usize) -> Result<()> {
+        let job = match (self.open)(&self.tasks[i].pipeline, &self.opts[i]) {
+            Ok(job) => job,
+            Err(e @ Error::Fenced { .. }) if self.in_group => {
+                tracing::warn!(task = %self.tasks[i].name, error = %e, "task not opened: another process took it; trying again unless the group moves it");
+                self.retry.push((i, Instant::now() + REOPEN_AFTER));
+                return Ok(());
+            }
+            Err(e) => return Err(self.fail(e, i)),
+        };
+        let step = job.first_step();
+        self.live.push((i, job, step));
+        Ok(())
+    }
+
+    /// Carry out the group's `orders`, after opening again the tasks fenced here that the
+    /// group has not taken away since (the other owner was the one the group moved it away
+    /// from, or will be fenced in turn until the group settles).
+    fn take_orders(&mut self, orders: impl Iterator<Item = Order>) -> Result<()> {
+        let now = Instant::now();
+        let due: Vec<usize> = self.retry.iter().filter(|(_, at)| *at <= now).map(|(i, _)| *i).collect();
+        self.retry.retain(|(_, at)| *at > now);
+        for order in due.into_iter().map(Order::Open).chain(orders) {
+            match order {
+                Order::Open(i) => {
+                    if let Some(h) = &self.opts[i].control {
+                        h.closed.store(false, Ordering::SeqCst);
+                    }
+                    self.open_task(i)?;
+                }
+                Order::Release { task, checkpoint, done } => {
+                    self.release(task, checkpoint);
+                    drop(done);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Let `task` go (the group moved it), checkpointed first with `checkpoint`.
+    fn release(&mut self, task: usize, checkpoint: bool) {
+        self.retry.retain(|(i, _)| *i != task);
+        let Some(k) = self.live.iter().position(|(i, _, _)| *i == task) else { return };
+        let (i, job, _) = self.live.remove(k);
+        match job.release(checkpoint) {
+            Ok(s) => self.summaries.push((i, s)),
+            // As if the process had crashed for this task: the next owner recovers its
+            // newest complete checkpoint.
+            Err(e) => {
+                tracing::warn!(task = %self.tasks[i].name, error = %e, "the task's hand-over checkpoint failed")
+            }
+        }
+        if let Some(h) = &self.opts[i].control {
+            membership::close_port(h);
+        }
+        tracing::info!(task = %self.tasks[i].name, checkpointed = checkpoint, "task handed over");
+    }
+
+    /// Give every live task its turn; sleep when all of them wait for input.
+    fn turn(&mut self) -> Result<()> {
         let (mut going, mut wait) = (false, Duration::MAX);
         let mut k = 0;
-        while k < live.len() {
-            let (i, job, step) = &mut live[k];
-            // A turn is up to TURN steps (of up to 1 024 records each): a task's keys and
-            // windows stay in the caches for a while before the next task's replace them.
-            let mut next = *step;
-            let mut fenced = None;
-            for _ in 0..TURN {
-                if !matches!(next, Step::Going | Step::Idle(_)) {
-                    break;
-                }
-                match job.step() {
-                    Ok(s) => next = s,
-                    // In a group, another process took the task (the group moved its
-                    // partition while this one still ran it): it is dropped here, as a
-                    // crash would drop it, and goes on there.
-                    Err(e @ Error::Fenced { .. }) if thread.inbox.is_some() => {
-                        fenced = Some(e);
-                        break;
+        while k < self.live.len() {
+            let next = match self.take_turn(k) {
+                Ok(next) => next,
+                Err(e @ Error::Fenced { .. }) if self.in_group => {
+                    // Another process took the task (the group moved its partition while
+                    // this one still ran it): it is dropped here, as a crash would drop
+                    // it, and goes on there.
+                    let (i, _, _) = self.live.remove(k);
+                    tracing::warn!(task = %self.tasks[i].name, error = %e, "task dropped: another process took it; trying again unless the group moves it");
+                    self.retry.push((i, Instant::now() + REOPEN_AFTER));
+                    if let Some(h) = &self.opts[i].control {
+                        membership::close_port(h);
                     }
-                    Err(e) => return Err(fail(e, &tasks[*i].name)),
+                    continue;
                 }
-                if next != Step::Going {
-                    break;
-                }
-            }
-            if let Some(e) = fenced {
-                let (i, _, _) = live.remove(k);
-                tracing::warn!(task = %tasks[i].name, error = %e, "task dropped: another process took it; trying again unless the group moves it");
-                retry.push((i, Instant::now() + REOPEN_AFTER));
-                if let Some(h) = &opts[i].control {
-                    membership::close_port(h);
-                }
-                continue;
-            }
+                Err(e) => return Err(self.fail(e, self.live[k].0)),
+            };
             match next {
                 Step::Ended | Step::Stopped(_) => {
-                    let (i, job, _) = live.remove(k);
-                    summaries.push((i, job.finish(next).map_err(|e| fail(e, &tasks[i].name))?));
-                    if let Some(h) = &opts[i].control {
+                    let (i, job, _) = self.live.remove(k);
+                    let summary = job.finish(next).map_err(|e| self.fail(e, i))?;
+                    self.summaries.push((i, summary));
+                    if let Some(h) = &self.opts[i].control {
                         h.closed.store(true, Ordering::SeqCst);
                         h.refuse_waiting("the task has stopped");
                     }
@@ -363,20 +453,36 @@ fn drive(
                 Step::Going => going = true,
                 // Not watched in a job of several tasks (`why_not_watched`).
                 Step::RollBack => {
-                    return Err(fail(
-                        Error::Usage("a task cannot roll a deploy back".into()),
-                        &tasks[*i].name,
-                    ))
+                    return Err(
+                        self.fail(Error::Usage("a task cannot roll a deploy back".into()), self.live[k].0)
+                    )
                 }
             }
-            *step = next;
+            self.live[k].2 = next;
             k += 1;
         }
-        if !going && !live.is_empty() {
+        if !going && !self.live.is_empty() {
             std::thread::sleep(wait.min(Duration::from_millis(20)));
         }
+        Ok(())
     }
-    Ok(Driven { summaries, cpu: metrics::thread_cpu_time().saturating_sub(cpu0), elapsed: t0.elapsed() })
+
+    /// Task `k`'s turn: up to [`TURN`] steps (of up to 1 024 records each), so that its
+    /// keys and windows stay in the caches a while before the next task's replace them.
+    fn take_turn(&mut self, k: usize) -> Result<Step> {
+        let (_, job, step) = &mut self.live[k];
+        let mut next = *step;
+        for _ in 0..TURN {
+            if !matches!(next, Step::Going | Step::Idle(_)) {
+                break;
+            }
+            next = job.step()?;
+            if next != Step::Going {
+                break;
+            }
+        }
+        Ok(next)
+    }
 }
 
 /// The job's summary from its tasks': counters summed, the clock the slowest task's, and

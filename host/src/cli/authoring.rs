@@ -37,39 +37,39 @@ impl std::fmt::Display for Lang {
 /// A file of a new project: its path in the project and its text.
 type Template = (&'static str, &'static str);
 
-const WIT: &str = include_str!("../../wit/aggregate.wit");
+const WIT: &str = include_str!("../../../wit/aggregate.wit");
 
 const RUST: &[Template] = &[
-    ("Cargo.toml", include_str!("../../plugins/templates/rust/Cargo.toml")),
-    ("src/lib.rs", include_str!("../../plugins/templates/rust/src/lib.rs")),
+    ("Cargo.toml", include_str!("../../../plugins/templates/rust/Cargo.toml")),
+    ("src/lib.rs", include_str!("../../../plugins/templates/rust/src/lib.rs")),
 ];
 /// The Rust SDK, vendored into the project as `km0-plugin/` (rewritten by `vendor_sdk`).
 const RUST_SDK: &[Template] = &[
-    ("km0-plugin/Cargo.toml", include_str!("../../plugins/sdk/Cargo.toml")),
-    ("km0-plugin/src/lib.rs", include_str!("../../plugins/sdk/src/lib.rs")),
-    ("km0-plugin/src/runtime.rs", include_str!("../../plugins/sdk/src/runtime.rs")),
-    ("km0-plugin/src/json.rs", include_str!("../../plugins/sdk/src/json.rs")),
+    ("km0-plugin/Cargo.toml", include_str!("../../../plugins/sdk/Cargo.toml")),
+    ("km0-plugin/src/lib.rs", include_str!("../../../plugins/sdk/src/lib.rs")),
+    ("km0-plugin/src/runtime.rs", include_str!("../../../plugins/sdk/src/runtime.rs")),
+    ("km0-plugin/src/json.rs", include_str!("../../../plugins/sdk/src/json.rs")),
     ("km0-plugin/wit/aggregate.wit", WIT),
     // The versions the repository's plugins are tested with, as a starting lock file.
-    ("Cargo.lock", include_str!("../../plugins/Cargo.lock")),
+    ("Cargo.lock", include_str!("../../../plugins/Cargo.lock")),
 ];
 const PYTHON: &[Template] = &[
-    ("aggregate.py", include_str!("../../plugins/templates/python/aggregate.py")),
-    ("km0_sdk.py", include_str!("../../plugins/python/km0_sdk.py")),
+    ("aggregate.py", include_str!("../../../plugins/templates/python/aggregate.py")),
+    ("km0_sdk.py", include_str!("../../../plugins/python/km0_sdk.py")),
     ("wit/aggregate.wit", WIT),
 ];
 const JS: &[Template] = &[
-    ("aggregate.js", include_str!("../../plugins/templates/js/aggregate.js")),
-    ("km0_sdk.js", include_str!("../../plugins/js/km0_sdk.js")),
-    ("build.mjs", include_str!("../../plugins/js/build.mjs")),
-    ("package.json", include_str!("../../plugins/js/package.json")),
-    ("package-lock.json", include_str!("../../plugins/js/package-lock.json")),
+    ("aggregate.js", include_str!("../../../plugins/templates/js/aggregate.js")),
+    ("km0_sdk.js", include_str!("../../../plugins/js/km0_sdk.js")),
+    ("build.mjs", include_str!("../../../plugins/js/build.mjs")),
+    ("package.json", include_str!("../../../plugins/js/package.json")),
+    ("package-lock.json", include_str!("../../../plugins/js/package-lock.json")),
     ("wit/aggregate.wit", WIT),
 ];
 const TEST: &[Template] = &[
-    ("test/pipeline.toml", include_str!("../../plugins/templates/test/pipeline.toml")),
-    ("test/events.jsonl", include_str!("../../plugins/templates/test/events.jsonl")),
-    ("test/expected.jsonl", include_str!("../../plugins/templates/test/expected.jsonl")),
+    ("test/pipeline.toml", include_str!("../../../plugins/templates/test/pipeline.toml")),
+    ("test/events.jsonl", include_str!("../../../plugins/templates/test/events.jsonl")),
+    ("test/expected.jsonl", include_str!("../../../plugins/templates/test/expected.jsonl")),
     (".gitignore", "/dist/\n/target/\n/test/out/\nnode_modules/\n__pycache__/\n"),
 ];
 

@@ -771,6 +771,11 @@ impl Pipeline {
     pub fn parse(text: &str, path: &Path) -> Result<Pipeline> {
         let err = |message: String| Error::Pipeline { path: path.to_path_buf(), message };
         let raw: RawPipeline = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        Self::from_raw(raw, path).map_err(err)
+    }
+
+    /// The pipeline `raw` describes, checked; `path` locates relative paths.
+    fn from_raw(raw: RawPipeline, path: &Path) -> std::result::Result<Pipeline, String> {
         // Relative paths are resolved against the pipeline's folder, made canonical, so
         // every spelling of the pipeline's path (`p.toml`, `./p.toml`, `/abs/p.toml`)
         // names the same files (checkpoints compare them).
@@ -785,123 +790,9 @@ impl Pipeline {
                 base.join(p)
             }
         };
-
-        let time_min = raw.event_time.min.unwrap_or(EVENT_TIME_MIN_MS);
-        let time_max = raw.event_time.max.unwrap_or(EVENT_TIME_MAX_MS);
-        if !(-EVENT_TIME_LIMIT_MS <= time_min && time_min < time_max && time_max <= EVENT_TIME_LIMIT_MS) {
-            return Err(err(format!(
-                "[event_time] min = {time_min} and max = {time_max} must satisfy \
-                 -{EVENT_TIME_LIMIT_MS} <= min < max <= {EVENT_TIME_LIMIT_MS} (epoch milliseconds)"
-            )));
-        }
-        if raw.name.trim().is_empty() {
-            return Err(err("`name` is empty".into()));
-        }
-        if raw.key.is_empty() {
-            return Err(err("`key` needs at least one field".into()));
-        }
-        if let Some(dup) = raw.key.iter().enumerate().find(|(i, k)| raw.key[..*i].contains(k)) {
-            return Err(err(format!("`key` names field {:?} twice", dup.1)));
-        }
-        if raw.event_time.field.is_empty() {
-            return Err(err("`event_time.field` is empty".into()));
-        }
-        let aggregations =
-            match (raw.window, raw.plugin, raw.aggregations.is_empty()) {
-                (Some(w), Some(p), true) => vec![Aggregation {
-                    name: "window-aggregate".into(),
-                    window: window_spec(w, "window").map_err(err)?,
-                    plugin: plugin_spec(p, "plugin", &resolve).map_err(err)?,
-                }],
-                (None, None, false) => {
-                    let mut out: Vec<Aggregation> = Vec::new();
-                    for (i, a) in raw.aggregations.into_iter().enumerate() {
-                        let at = format!("aggregations[{i}]");
-                        if a.name.is_empty() || a.name.contains('|') {
-                            return Err(err(format!("`{at}.name` must be non-empty and without '|'")));
-                        }
-                        if out.iter().any(|o| o.name == a.name) {
-                            return Err(err(format!("`{at}.name` {:?} is used twice", a.name)));
-                        }
-                        out.push(Aggregation {
-                            name: a.name,
-                            window: window_spec(a.window, &format!("{at}.window")).map_err(err)?,
-                            plugin: plugin_spec(a.plugin, &format!("{at}.plugin"), &resolve).map_err(err)?,
-                        });
-                    }
-                    out
-                }
-                _ => return Err(err(
-                    "give either `[window]` and `[plugin]` (one aggregation) or `[[aggregations]]` (several)"
-                        .into(),
-                )),
-            };
-        let partitioned_by;
-        let source = match raw.source {
-            RawSource::File {
-                path,
-                paths,
-                partition_field,
-                idle_timeout,
-                idle_after_records,
-                follow,
-                partitioned_by: by,
-            } => {
-                partitioned_by = by;
-                let mut all: Vec<PathBuf> = path.iter().map(|p| resolve(p)).collect();
-                all.extend(paths.iter().map(|p| resolve(p)));
-                if all.is_empty() {
-                    return Err(err("`source` needs `path` or `paths`".into()));
-                }
-                if partition_field.is_some() && all.len() > 1 {
-                    return Err(err("`source.partition_field` partitions one file; give one `path`".into()));
-                }
-                let partitioning = Partitioning {
-                    field: partition_field,
-                    idle_timeout_ms: idle_timeout,
-                    idle_after_records,
-                };
-                SourceSpec::File { paths: all, partitioning, follow }
-            }
-            RawSource::Kafka {
-                brokers,
-                topic,
-                topics,
-                group,
-                start,
-                bounded,
-                idle_timeout,
-                idle_after_records,
-                lag_interval,
-                properties,
-                partitioned_by: by,
-            } => {
-                partitioned_by = by;
-                let mut all: Vec<String> = topic.into_iter().collect();
-                all.extend(topics);
-                if all.is_empty() || all.iter().any(|t| t.is_empty()) {
-                    return Err(err("`source` (kafka) needs `topic` or `topics`".into()));
-                }
-                if brokers.trim().is_empty() {
-                    return Err(err("`source.brokers` is empty".into()));
-                }
-                SourceSpec::Kafka(KafkaSourceSpec {
-                    brokers,
-                    topics: all,
-                    group: group.unwrap_or_else(|| format!("km0-{}", raw.name)),
-                    start: start.unwrap_or(StartAt::Earliest),
-                    bounded,
-                    partitioning: Partitioning {
-                        field: None,
-                        idle_timeout_ms: idle_timeout,
-                        idle_after_records,
-                    },
-                    properties: properties.into_iter().collect(),
-                    lag_interval_ms: lag_interval.unwrap_or(5_000).max(100),
-                    only: None,
-                })
-            }
-        };
+        let (min_ms, max_ms) = check_names_and_times(&raw)?;
+        let aggregations = aggregations_spec(raw.window, raw.plugin, raw.aggregations, &resolve)?;
+        let (source, partitioned_by) = source_spec(raw.source, &raw.name, &resolve)?;
         // Kafka sinks default to the source's brokers.
         let source_brokers = match &source {
             SourceSpec::Kafka(k) => Some(k.brokers.clone()),
@@ -909,108 +800,18 @@ impl Pipeline {
         };
         let brokers_for = |given: Option<String>, at: &str| {
             given.or_else(|| source_brokers.clone()).ok_or_else(|| {
-                err(format!("`{at}.brokers` is needed (the source is not Kafka, so there are none to reuse)"))
+                format!("`{at}.brokers` is needed (the source is not Kafka, so there are none to reuse)")
             })
         };
-        let sink = match raw.sink {
-            RawSink::File { path } => SinkSpec::File { path: resolve(&path) },
-            RawSink::Stdout => SinkSpec::Stdout,
-            RawSink::Kafka { brokers, topic, mode, max_in_flight, properties } => SinkSpec::Kafka {
-                target: KafkaTarget {
-                    brokers: brokers_for(brokers, "sink")?,
-                    topic,
-                    properties: properties.into_iter().collect(),
-                },
-                mode: mode.unwrap_or(KafkaSinkMode::Upsert),
-                max_in_flight: match max_in_flight {
-                    Some(0) => return Err(err("`sink.max_in_flight` must be at least 1".into())),
-                    Some(n) => n,
-                    None => 50_000,
-                },
-            },
-            RawSink::Postgres { url, table } => {
-                let valid = table.split('.').all(|part| {
-                    !part.is_empty()
-                        && part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-                        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                });
-                if !valid {
-                    return Err(err(format!(
-                        "`sink.table` {table:?}: use letters, digits and '_' (optionally schema.table)"
-                    )));
-                }
-                SinkSpec::Postgres { url, table }
-            }
-        };
-        let d = raw.dead_letter;
-        let dead_letter = match (d.path, d.topic) {
-            (Some(path), None) if d.brokers.is_none() && d.properties.is_empty() => {
-                DeadLetterSpec::File(resolve(&path))
-            }
-            (None, Some(topic)) => DeadLetterSpec::Kafka(KafkaTarget {
-                brokers: brokers_for(d.brokers, "dead_letter")?,
-                topic,
-                properties: d.properties.into_iter().collect(),
-            }),
-            _ => {
-                return Err(err(
-                    "`[dead_letter]` takes `path` (a JSONL file) or `topic` (Kafka, with optional `brokers` and `properties`)"
-                        .into(),
-                ))
-            }
-        };
+        let sink = sink_spec(raw.sink, &brokers_for, &resolve)?;
+        let dead_letter = dead_letter_spec(raw.dead_letter, &brokers_for, &resolve)?;
         let savepoints = raw.savepoints.map(|d| resolve(&d.dir)).unwrap_or_else(|| base.join("savepoints"));
-        let follows = source.unbounded();
-        let raw_state = raw.state.unwrap_or(RawState { backend: None, dir: None });
-        let state = StateSpec {
-            // RocksDB by default for unbounded sources, as the issue of large state is theirs.
-            backend: raw_state.backend.unwrap_or(if follows { Backend::Rocksdb } else { Backend::Memory }),
-            named: raw_state.backend.is_some(),
-            // The working copy is rebuilt from the checkpoints at every start: one folder
-            // per job name (two names never share one), so jobs in one folder never clear
-            // each other's.
-            dir: raw_state
-                .dir
-                .map(|d| resolve(&d))
-                .unwrap_or_else(|| base.join("state").join(folder_name(&raw.name))),
-        };
-
-        let checkpoints = match raw.checkpoints {
-            None => None,
-            Some(c) if c.interval <= 0 => return Err(err("`checkpoints.interval` must be positive".into())),
-            Some(c) if c.retain == Some(0) => {
-                return Err(err("`checkpoints.retain` must be at least 1".into()))
-            }
-            Some(c) => Some(CheckpointSpec {
-                dir: if is_object_store(&c.dir) { state.dir.join("checkpoints") } else { resolve(&c.dir) },
-                remote: is_object_store(&c.dir).then(|| c.dir.trim_end_matches('/').to_string()),
-                interval_ms: c.interval,
-                every_records: c.every_records.filter(|&n| n > 0),
-                retain: c.retain.unwrap_or(3),
-            }),
-        };
-
-        let transactional = matches!(sink, SinkSpec::Kafka { mode: KafkaSinkMode::Transactional, .. });
-        if (transactional || matches!(sink, SinkSpec::Postgres { .. }))
-            && source.unbounded()
-            && checkpoints.is_none()
-        {
-            return Err(err(
-                "this sink commits at checkpoints: an unbounded source needs `[checkpoints]`, or nothing is ever \
-                 committed"
-                    .into(),
-            ));
-        }
-        if transactional && checkpoints.as_ref().is_some_and(|c| c.retain < 2) {
-            return Err(err(
-                "`checkpoints.retain` must be at least 2 with a transactional sink (recovery may need the \
-                 checkpoint before the newest)"
-                    .into(),
-            ));
-        }
+        let state = state_spec(raw.state, source.unbounded(), &raw.name, &base, &resolve);
+        let checkpoints = checkpoint_spec(raw.checkpoints, &state, &resolve)?;
+        check_commits(&sink, &source, checkpoints.as_ref())?;
         let watermark = raw.event_time.watermark;
         let parallelism = raw.job.and_then(|j| j.parallelism);
-        tasks_spec(&raw.key, &partitioned_by, watermark, &source, parallelism).map_err(err)?;
+        tasks_spec(&raw.key, &partitioned_by, watermark, &source, parallelism)?;
         Ok(Pipeline {
             file: path.to_path_buf(),
             name: raw.name,
@@ -1020,8 +821,8 @@ impl Pipeline {
             event_time: EventTimeSpec {
                 field: raw.event_time.field,
                 watermark_delay_ms: raw.event_time.watermark_delay,
-                min_ms: time_min,
-                max_ms: time_max,
+                min_ms,
+                max_ms,
                 watermark,
             },
             aggregations,
@@ -1072,6 +873,269 @@ impl Pipeline {
 /// Check what the job's tasks need: with `watermark = "per-partition"` each partition is a
 /// task that owns the keys arriving in it, so the input must say it is partitioned by the
 /// key's leading fields; with `"job"` the partitions run as one task.
+/// The job's name, key and event-time field present, its accepted event times in order:
+/// those times (`[min, max)`, epoch ms).
+fn check_names_and_times(raw: &RawPipeline) -> std::result::Result<(i64, i64), String> {
+    let time_min = raw.event_time.min.unwrap_or(EVENT_TIME_MIN_MS);
+    let time_max = raw.event_time.max.unwrap_or(EVENT_TIME_MAX_MS);
+    if !(-EVENT_TIME_LIMIT_MS <= time_min && time_min < time_max && time_max <= EVENT_TIME_LIMIT_MS) {
+        return Err(format!(
+            "[event_time] min = {time_min} and max = {time_max} must satisfy \
+                 -{EVENT_TIME_LIMIT_MS} <= min < max <= {EVENT_TIME_LIMIT_MS} (epoch milliseconds)"
+        ));
+    }
+    if raw.name.trim().is_empty() {
+        return Err("`name` is empty".into());
+    }
+    if raw.key.is_empty() {
+        return Err("`key` needs at least one field".into());
+    }
+    if let Some(dup) = raw.key.iter().enumerate().find(|(i, k)| raw.key[..*i].contains(k)) {
+        return Err(format!("`key` names field {:?} twice", dup.1));
+    }
+    if raw.event_time.field.is_empty() {
+        return Err("`event_time.field` is empty".into());
+    }
+    Ok((time_min, time_max))
+}
+
+/// One aggregation (`[window]` and `[plugin]`) or several (`[[aggregations]]`).
+fn aggregations_spec(
+    window: Option<RawWindow>,
+    plugin: Option<RawPlugin>,
+    aggregations: Vec<RawAggregation>,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> std::result::Result<Vec<Aggregation>, String> {
+    Ok(match (window, plugin, aggregations.is_empty()) {
+        (Some(w), Some(p), true) => vec![Aggregation {
+            name: "window-aggregate".into(),
+            window: window_spec(w, "window")?,
+            plugin: plugin_spec(p, "plugin", resolve)?,
+        }],
+        (None, None, false) => {
+            let mut out: Vec<Aggregation> = Vec::new();
+            for (i, a) in aggregations.into_iter().enumerate() {
+                let at = format!("aggregations[{i}]");
+                if a.name.is_empty() || a.name.contains('|') {
+                    return Err(format!("`{at}.name` must be non-empty and without '|'"));
+                }
+                if out.iter().any(|o| o.name == a.name) {
+                    return Err(format!("`{at}.name` {:?} is used twice", a.name));
+                }
+                out.push(Aggregation {
+                    name: a.name,
+                    window: window_spec(a.window, &format!("{at}.window"))?,
+                    plugin: plugin_spec(a.plugin, &format!("{at}.plugin"), resolve)?,
+                });
+            }
+            out
+        }
+        _ => {
+            return Err(
+                "give either `[window]` and `[plugin]` (one aggregation) or `[[aggregations]]` (several)"
+                    .into(),
+            )
+        }
+    })
+}
+
+/// The source of job `name`, and the key fields its records are partitioned by.
+fn source_spec(
+    raw: RawSource,
+    name: &str,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> std::result::Result<(SourceSpec, Vec<String>), String> {
+    Ok(match raw {
+        RawSource::File {
+            path,
+            paths,
+            partition_field,
+            idle_timeout,
+            idle_after_records,
+            follow,
+            partitioned_by,
+        } => {
+            let mut all: Vec<PathBuf> = path.iter().map(|p| resolve(p)).collect();
+            all.extend(paths.iter().map(|p| resolve(p)));
+            if all.is_empty() {
+                return Err("`source` needs `path` or `paths`".into());
+            }
+            if partition_field.is_some() && all.len() > 1 {
+                return Err("`source.partition_field` partitions one file; give one `path`".into());
+            }
+            let partitioning =
+                Partitioning { field: partition_field, idle_timeout_ms: idle_timeout, idle_after_records };
+            (SourceSpec::File { paths: all, partitioning, follow }, partitioned_by)
+        }
+        RawSource::Kafka {
+            brokers,
+            topic,
+            topics,
+            group,
+            start,
+            bounded,
+            idle_timeout,
+            idle_after_records,
+            lag_interval,
+            properties,
+            partitioned_by,
+        } => {
+            let mut all: Vec<String> = topic.into_iter().collect();
+            all.extend(topics);
+            if all.is_empty() || all.iter().any(|t| t.is_empty()) {
+                return Err("`source` (kafka) needs `topic` or `topics`".into());
+            }
+            if brokers.trim().is_empty() {
+                return Err("`source.brokers` is empty".into());
+            }
+            let spec = SourceSpec::Kafka(KafkaSourceSpec {
+                brokers,
+                topics: all,
+                group: group.unwrap_or_else(|| format!("km0-{name}")),
+                start: start.unwrap_or(StartAt::Earliest),
+                bounded,
+                partitioning: Partitioning { field: None, idle_timeout_ms: idle_timeout, idle_after_records },
+                properties: properties.into_iter().collect(),
+                lag_interval_ms: lag_interval.unwrap_or(5_000).max(100),
+                only: None,
+            });
+            (spec, partitioned_by)
+        }
+    })
+}
+
+/// The result sink (Kafka's brokers default to the source's, `brokers_for`).
+fn sink_spec(
+    raw: RawSink,
+    brokers_for: &dyn Fn(Option<String>, &str) -> std::result::Result<String, String>,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> std::result::Result<SinkSpec, String> {
+    Ok(match raw {
+        RawSink::File { path } => SinkSpec::File { path: resolve(&path) },
+        RawSink::Stdout => SinkSpec::Stdout,
+        RawSink::Kafka { brokers, topic, mode, max_in_flight, properties } => SinkSpec::Kafka {
+            target: KafkaTarget {
+                brokers: brokers_for(brokers, "sink")?,
+                topic,
+                properties: properties.into_iter().collect(),
+            },
+            mode: mode.unwrap_or(KafkaSinkMode::Upsert),
+            max_in_flight: match max_in_flight {
+                Some(0) => return Err("`sink.max_in_flight` must be at least 1".into()),
+                Some(n) => n,
+                None => 50_000,
+            },
+        },
+        RawSink::Postgres { url, table } => {
+            let valid = table.split('.').all(|part| {
+                !part.is_empty()
+                    && part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                    && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+            if !valid {
+                return Err(format!(
+                    "`sink.table` {table:?}: use letters, digits and '_' (optionally schema.table)"
+                ));
+            }
+            SinkSpec::Postgres { url, table }
+        }
+    })
+}
+
+/// The dead letters: a JSONL file or a Kafka topic.
+fn dead_letter_spec(
+    d: RawDeadLetter,
+    brokers_for: &dyn Fn(Option<String>, &str) -> std::result::Result<String, String>,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> std::result::Result<DeadLetterSpec, String> {
+    Ok(match (d.path, d.topic) {
+            (Some(path), None) if d.brokers.is_none() && d.properties.is_empty() => {
+                DeadLetterSpec::File(resolve(&path))
+            }
+            (None, Some(topic)) => DeadLetterSpec::Kafka(KafkaTarget {
+                brokers: brokers_for(d.brokers, "dead_letter")?,
+                topic,
+                properties: d.properties.into_iter().collect(),
+            }),
+            _ => {
+                return Err(
+                    "`[dead_letter]` takes `path` (a JSONL file) or `topic` (Kafka, with optional `brokers` and `properties`)"
+                        .into(),
+                )
+            }
+        })
+}
+
+/// The state backend of job `name` (RocksDB by default when the source `follows`) and
+/// its working folder.
+fn state_spec(
+    raw: Option<RawState>,
+    follows: bool,
+    name: &str,
+    base: &Path,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> StateSpec {
+    let raw_state = raw.unwrap_or(RawState { backend: None, dir: None });
+    StateSpec {
+        // RocksDB by default for unbounded sources, as the issue of large state is theirs.
+        backend: raw_state.backend.unwrap_or(if follows { Backend::Rocksdb } else { Backend::Memory }),
+        named: raw_state.backend.is_some(),
+        // The working copy is rebuilt from the checkpoints at every start: one folder
+        // per job name (two names never share one), so jobs in one folder never clear
+        // each other's.
+        dir: raw_state.dir.map(|d| resolve(&d)).unwrap_or_else(|| base.join("state").join(folder_name(name))),
+    }
+}
+
+/// Periodic checkpoints, if any: a folder, or an object store with a local copy beside
+/// the `state`.
+fn checkpoint_spec(
+    raw: Option<RawCheckpoints>,
+    state: &StateSpec,
+    resolve: &dyn Fn(&str) -> PathBuf,
+) -> std::result::Result<Option<CheckpointSpec>, String> {
+    Ok(match raw {
+        None => None,
+        Some(c) if c.interval <= 0 => return Err("`checkpoints.interval` must be positive".into()),
+        Some(c) if c.retain == Some(0) => return Err("`checkpoints.retain` must be at least 1".into()),
+        Some(c) => Some(CheckpointSpec {
+            dir: if is_object_store(&c.dir) { state.dir.join("checkpoints") } else { resolve(&c.dir) },
+            remote: is_object_store(&c.dir).then(|| c.dir.trim_end_matches('/').to_string()),
+            interval_ms: c.interval,
+            every_records: c.every_records.filter(|&n| n > 0),
+            retain: c.retain.unwrap_or(3),
+        }),
+    })
+}
+
+/// A sink that commits at checkpoints has them when its source never ends, and a
+/// transactional one keeps two.
+fn check_commits(
+    sink: &SinkSpec,
+    source: &SourceSpec,
+    checkpoints: Option<&CheckpointSpec>,
+) -> std::result::Result<(), String> {
+    let transactional = matches!(sink, SinkSpec::Kafka { mode: KafkaSinkMode::Transactional, .. });
+    if (transactional || matches!(sink, SinkSpec::Postgres { .. }))
+        && source.unbounded()
+        && checkpoints.is_none()
+    {
+        return Err(
+                "this sink commits at checkpoints: an unbounded source needs `[checkpoints]`, or nothing is ever \
+                 committed"
+                    .into(),
+            );
+    }
+    if transactional && checkpoints.is_some_and(|c| c.retain < 2) {
+        return Err(
+            "`checkpoints.retain` must be at least 2 with a transactional sink (recovery may need the \
+                 checkpoint before the newest)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 fn tasks_spec(
     key: &[String],
     partitioned_by: &[String],

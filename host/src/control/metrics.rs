@@ -134,6 +134,21 @@ impl Metrics<'_> {
 /// The metrics of a job, from its last published status; `now_ms` is the wall clock.
 pub fn render(status: &JobStatus, now_ms: i64) -> String {
     let mut m = Metrics { registry: Registry::with_prefix("km0"), job: &status.pipeline };
+    records(&mut m, status);
+    clocks(&mut m, status, now_ms);
+    tasks(&mut m, status);
+    aggregations(&mut m, status);
+    plugin_calls(&mut m, status);
+    checkpoints(&mut m, status);
+    deploys_and_sink(&mut m, status);
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut text, &m.registry);
+    text
+}
+
+/// The records through the job, and the results per sink.
+fn records(m: &mut Metrics<'_>, status: &JobStatus) {
     let c = &status.counters;
     m.counter("records_read", "Records read from the source", c.read);
     m.counter("records_filtered", "Records that did not match the pipeline's filter", c.filtered);
@@ -148,7 +163,10 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
     results.get_or_create(&m.labels(&[("sink", "late")])).inc_by(c.late);
     results.get_or_create(&m.labels(&[("sink", "dead_letter")])).inc_by(c.dead_lettered);
     m.registry.register("results_written", "Records written per sink", results);
+}
 
+/// The watermark, the event-time lag and each partition's clock and consumer lag.
+fn clocks(m: &mut Metrics<'_>, status: &JobStatus, now_ms: i64) {
     let watermark = seconds(status.watermark);
     m.gauge(
         "watermark",
@@ -182,7 +200,11 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
     let lag: Vec<_> =
         status.lag.iter().map(|l| (vec![("partition", l.partition.as_str())], l.lag as f64)).collect();
     m.gauges("consumer_lag_records", "Records in the log not yet read, per Kafka partition", None, &lag);
+}
 
+/// A job whose partitions are tasks: each task's clock, records and windows; in a consumer
+/// group, what this process owns and how often that changed.
+fn tasks(m: &mut Metrics<'_>, status: &JobStatus) {
     // A job whose partitions are tasks: each task's clock, records and windows.
     let per_task =
         |f: fn(&crate::job::commands::TaskStatus) -> Option<f64>| -> Vec<(Vec<(&str, &str)>, f64)> {
@@ -241,7 +263,10 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
             changes,
         );
     }
+}
 
+/// Each aggregation's windows, keys, quarantine and state, and the plugin it runs.
+fn aggregations(m: &mut Metrics<'_>, status: &JobStatus) {
     let per_aggregation =
         |f: fn(&crate::job::commands::AggregationStatus) -> f64| -> Vec<(Vec<(&str, &str)>, f64)> {
             status.aggregations.iter().map(|a| (vec![("aggregation", a.name.as_str())], f(a))).collect()
@@ -286,6 +311,10 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         })
         .collect();
     m.gauges("plugin_info", "The plugin each aggregation runs (value 1)", None, &plugins);
+}
+
+/// Each aggregation's plugin calls: how long they take, which failed; a shadow's verdicts.
+fn plugin_calls(m: &mut Metrics<'_>, status: &JobStatus) {
     let calls = CallHistograms(
         status
             .aggregations
@@ -328,7 +357,10 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         }
         m.registry.register("shadow_windows", "Windows a shadow deploy compared, by result", shadow);
     }
+}
 
+/// This run's checkpoints, the newest complete one.
+fn checkpoints(m: &mut Metrics<'_>, status: &JobStatus) {
     let history = &status.checkpoint_history;
     let failed = history.iter().filter(|c| c.status == CheckpointStatus::Failed).count() as u64;
     m.counter("checkpoints", "Checkpoints taken by this run", status.checkpoints);
@@ -358,6 +390,10 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         None,
         last.and_then(|c| c.id.strip_prefix("chk-")?.parse::<f64>().ok()),
     );
+}
+
+/// Live deploys, backpressure, the sink's backlog and the uptime.
+fn deploys_and_sink(m: &mut Metrics<'_>, status: &JobStatus) {
     let mut swaps = status.deployments.iter().filter(|d| d.status == DeployStatus::Swapped);
     m.counter("plugin_swaps", "Live plugin deploys swapped in", swaps.clone().count() as u64);
     m.counter(
@@ -391,8 +427,4 @@ pub fn render(status: &JobStatus, now_ms: i64) -> String {
         status.sink_in_flight.map(|n| n as f64),
     );
     m.gauge("uptime", "Time since the job started", Some(Unit::Seconds), Some(status.uptime_ms as f64 / 1e3));
-    let mut text = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut text, &m.registry);
-    text
 }

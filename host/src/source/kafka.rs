@@ -282,29 +282,132 @@ fn topic_partitions(consumer: &BaseConsumer, spec: &KafkaSourceSpec) -> Result<V
     Ok(found)
 }
 
+/// The source's consumer, configured (a task's takes no `group.instance.id`: only the
+/// job's group member joins the group, as that one instance).
+fn consumer(spec: &KafkaSourceSpec) -> Result<Arc<BaseConsumer>> {
+    let mut config = super::group::group_config(spec, "km0");
+    config
+        .set("enable.partition.eof", "true")
+        .set("queued.max.messages.kbytes", "8192")
+        // Fetch again soon after the job drained a partition's queue.
+        .set("fetch.queue.backoff.ms", "20")
+        .set("fetch.wait.max.ms", "100");
+    // A task's consumer is assigned its partition: only the job's group member (if
+    // any) joins the group, as that one instance.
+    for (k, v) in spec.properties.iter().filter(|(k, _)| !(spec.only.is_some() && *k == "group.instance.id"))
+    {
+        config.set(k, v);
+    }
+    let consumer: BaseConsumer =
+        config.create().map_err(|e| kafka_error(&spec.brokers, "create the consumer", e))?;
+    Ok(Arc::new(consumer))
+}
+
+/// The group's committed offsets of `found`, when the source starts from them.
+fn committed_offsets(
+    consumer: &BaseConsumer,
+    spec: &KafkaSourceSpec,
+    found: &[(String, i32)],
+) -> Result<Option<TopicPartitionList>> {
+    Ok(if spec.start == StartAt::Committed {
+        let mut tpl = TopicPartitionList::new();
+        for (t, id) in found {
+            tpl.add_partition(t, *id);
+        }
+        Some(
+            consumer.committed_offsets(tpl, REQUEST_TIMEOUT).map_err(|e| {
+                kafka_error(&spec.brokers, format!("read group {:?}'s offsets", spec.group), e)
+            })?,
+        )
+    } else {
+        None
+    })
+}
+
+/// Where partition `(topic, id)` starts: its name, its first offset, where a bounded run
+/// stops, and the records read of it before.
+fn start_at(
+    consumer: &BaseConsumer,
+    spec: &KafkaSourceSpec,
+    resume: Option<&SourcePosition>,
+    committed: Option<&TopicPartitionList>,
+    (topic, id): (&str, i32),
+) -> Result<(String, i64, i64, u64)> {
+    let brokers = &spec.brokers;
+    let name = format!("{topic}/{id}");
+    let (low, high) = consumer
+        .fetch_watermarks(topic, id, REQUEST_TIMEOUT)
+        .map_err(|e| kafka_error(&brokers, format!("read the offsets of {name}"), e))?;
+    let saved = resume.and_then(|r| r.partitions.iter().find(|p| p.name == name));
+    let from_group = committed.and_then(|c| c.find_partition(topic, id)).and_then(|e| match e.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    });
+    let start = match (saved, spec.start) {
+        (Some(p), _) => i64::try_from(p.offset).unwrap_or(i64::MAX),
+        // A partition added since the checkpoint is read from its start.
+        (None, _) if resume.is_some() => low,
+        (None, StartAt::Latest) => high,
+        (None, StartAt::Committed) => from_group.unwrap_or(low),
+        (None, StartAt::Earliest) => low,
+    };
+    if start > high {
+        return Err(Error::Kafka {
+            brokers: brokers.clone(),
+            message: format!(
+                "{name}: the checkpoint resumes at offset {start} but the log ends at {high}: was the topic \
+                         recreated? Start without the checkpoint (`--no-recover`) to read it anew"
+            ),
+        });
+    }
+    if start < low {
+        tracing::warn!(partition = %name, start, low, "records before the log's start were deleted by retention");
+    }
+    // A bounded run stops where it would have stopped without the restart.
+    let stop = saved.and_then(|p| p.stop).map_or(high, |s| i64::try_from(s).unwrap_or(high));
+    Ok((name, start.max(low), stop, saved.map_or(0, |p| p.records)))
+}
+
+/// A queue of its own for each partition, read from `starts`.
+fn parts(
+    consumer: &Arc<BaseConsumer>,
+    spec: &KafkaSourceSpec,
+    found: Vec<(String, i32)>,
+    starts: Vec<(String, i64, i64, u64)>,
+) -> Result<Vec<Part>> {
+    let brokers = &spec.brokers;
+    let mut parts = Vec::with_capacity(found.len());
+    for ((topic, id), (name, start, end, records)) in found.into_iter().zip(starts) {
+        let queue = consumer.split_partition_queue(&topic, id).ok_or_else(|| Error::Kafka {
+            brokers: brokers.clone(),
+            message: format!("no queue for {name}"),
+        })?;
+        let fetched = Fetched::new(consumer, &topic, id).ok_or_else(|| Error::Kafka {
+            brokers: brokers.clone(),
+            message: format!("no queue for {name}"),
+        })?;
+        parts.push(Part {
+            topic,
+            id,
+            name,
+            fetched,
+            _split: queue,
+            next_offset: start,
+            records,
+            stop: spec.bounded.then_some(end),
+            at_end: false,
+            done: false,
+        });
+    }
+    Ok(parts)
+}
+
 impl KafkaSource {
     /// Connect, find the topics' partitions and position each one: at its offset in
     /// `resume` (matched by topic/partition), else where `spec.start` says.
     pub fn open(spec: &KafkaSourceSpec, resume: Option<&SourcePosition>) -> Result<KafkaSource> {
         let brokers = spec.brokers.clone();
-        let mut config = super::group::group_config(spec, "km0");
-        config
-            .set("enable.partition.eof", "true")
-            .set("queued.max.messages.kbytes", "8192")
-            // Fetch again soon after the job drained a partition's queue.
-            .set("fetch.queue.backoff.ms", "20")
-            .set("fetch.wait.max.ms", "100");
-        // A task's consumer is assigned its partition: only the job's group member (if
-        // any) joins the group, as that one instance.
-        for (k, v) in
-            spec.properties.iter().filter(|(k, _)| !(spec.only.is_some() && *k == "group.instance.id"))
-        {
-            config.set(k, v);
-        }
-        let consumer: BaseConsumer =
-            config.create().map_err(|e| kafka_error(&brokers, "create the consumer", e))?;
-        let consumer = Arc::new(consumer);
-
+        let consumer = consumer(spec)?;
         if let Some(r) = resume {
             if r.kind != "kafka" {
                 return Err(Error::Usage(format!(
@@ -318,86 +421,19 @@ impl KafkaSource {
         if let Some(only) = &spec.only {
             found.retain(|p| p == only);
         }
-
         // Starting offsets: the checkpoint's, else the configured start.
-        let committed =
-            if spec.start == StartAt::Committed {
-                let mut tpl = TopicPartitionList::new();
-                for (t, id) in &found {
-                    tpl.add_partition(t, *id);
-                }
-                Some(consumer.committed_offsets(tpl, REQUEST_TIMEOUT).map_err(|e| {
-                    kafka_error(&brokers, format!("read group {:?}'s offsets", spec.group), e)
-                })?)
-            } else {
-                None
-            };
+        let committed = committed_offsets(&consumer, spec, &found)?;
         let mut assignment = TopicPartitionList::new();
         let mut starts = Vec::new();
         for (topic, id) in &found {
-            let name = format!("{topic}/{id}");
-            let (low, high) = consumer
-                .fetch_watermarks(topic, *id, REQUEST_TIMEOUT)
-                .map_err(|e| kafka_error(&brokers, format!("read the offsets of {name}"), e))?;
-            let saved = resume.and_then(|r| r.partitions.iter().find(|p| p.name == name));
-            let from_group = committed.as_ref().and_then(|c| c.find_partition(topic, *id)).and_then(|e| {
-                match e.offset() {
-                    Offset::Offset(o) => Some(o),
-                    _ => None,
-                }
-            });
-            let start = match (saved, spec.start) {
-                (Some(p), _) => i64::try_from(p.offset).unwrap_or(i64::MAX),
-                // A partition added since the checkpoint is read from its start.
-                (None, _) if resume.is_some() => low,
-                (None, StartAt::Latest) => high,
-                (None, StartAt::Committed) => from_group.unwrap_or(low),
-                (None, StartAt::Earliest) => low,
-            };
-            if start > high {
-                return Err(Error::Kafka {
-                    brokers: brokers.clone(),
-                    message: format!(
-                        "{name}: the checkpoint resumes at offset {start} but the log ends at {high}: was the topic \
-                         recreated? Start without the checkpoint (`--no-recover`) to read it anew"
-                    ),
-                });
-            }
-            if start < low {
-                tracing::warn!(partition = %name, start, low, "records before the log's start were deleted by retention");
-            }
+            let start = start_at(&consumer, spec, resume, committed.as_ref(), (topic, *id))?;
             assignment
-                .add_partition_offset(topic, *id, Offset::Offset(start.max(low)))
-                .map_err(|e| kafka_error(&brokers, format!("position {name}"), e))?;
-            // A bounded run stops where it would have stopped without the restart.
-            let stop = saved.and_then(|p| p.stop).map_or(high, |s| i64::try_from(s).unwrap_or(high));
-            starts.push((name, start.max(low), stop, saved.map_or(0, |p| p.records)));
+                .add_partition_offset(topic, *id, Offset::Offset(start.1))
+                .map_err(|e| kafka_error(&brokers, format!("position {}", start.0), e))?;
+            starts.push(start);
         }
         consumer.assign(&assignment).map_err(|e| kafka_error(&brokers, "assign the partitions", e))?;
-
-        let mut parts = Vec::with_capacity(found.len());
-        for ((topic, id), (name, start, end, records)) in found.into_iter().zip(starts) {
-            let queue = consumer.split_partition_queue(&topic, id).ok_or_else(|| Error::Kafka {
-                brokers: brokers.clone(),
-                message: format!("no queue for {name}"),
-            })?;
-            let fetched = Fetched::new(&consumer, &topic, id).ok_or_else(|| Error::Kafka {
-                brokers: brokers.clone(),
-                message: format!("no queue for {name}"),
-            })?;
-            parts.push(Part {
-                topic,
-                id,
-                name,
-                fetched,
-                _split: queue,
-                next_offset: start,
-                records,
-                stop: spec.bounded.then_some(end),
-                at_end: false,
-                done: false,
-            });
-        }
+        let parts = parts(&consumer, spec, found, starts)?;
         let next = resume.map_or(0, |r| r.next as usize % parts.len().max(1));
         tracing::info!(partitions = parts.len(), group = %spec.group, bounded = spec.bounded, "kafka source assigned");
         Ok(KafkaSource {

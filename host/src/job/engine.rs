@@ -284,27 +284,9 @@ impl Engine {
         keyed: bool,
     ) -> Result<()> {
         let partition = if self.by_field {
-            let name = self.decoder.partition_name(slots);
-            match self.watermarks.find(&name) {
+            match self.field_partition(slots, record, pos)? {
                 Some(p) => p,
-                None => {
-                    // Each value is a clock, a status entry and a metrics series: bounded.
-                    if name.len() > MAX_PARTITION_NAME {
-                        let why = format!(
-                            "its partition field's value has {} bytes; at most {MAX_PARTITION_NAME}",
-                            name.len()
-                        );
-                        return self.dead_letter(&why, record, pos);
-                    }
-                    if self.watermarks.partitions().len() >= MAX_FIELD_PARTITIONS {
-                        let why = format!(
-                            "its partition field's value would be partition {}; a job keeps at most {MAX_FIELD_PARTITIONS}",
-                            MAX_FIELD_PARTITIONS + 1
-                        );
-                        return self.dead_letter(&why, record, pos);
-                    }
-                    self.watermarks.partition(&name)
-                }
+                None => return Ok(()),
             }
         } else {
             self.clock(pos.partition)
@@ -341,14 +323,7 @@ impl Engine {
             }
         }
         if !refused.is_empty() {
-            if refused.len() == self.ops.len() && self.ops.len() == 1 {
-                return self.dead_letter(&refused[0].1, record, pos);
-            }
-            for (i, reason) in &refused {
-                let name = self.ops[*i].name().to_string();
-                let reason = format!("aggregation {name:?}: {reason}");
-                self.dead_letter_for(Some(name), &reason, record, pos)?;
-            }
+            self.dead_letter_refused(&refused, record, pos)?;
             if refused.len() == self.ops.len() {
                 return Ok(());
             }
@@ -385,6 +360,55 @@ impl Engine {
         }
         if !self.results.is_empty() || self.ops.iter().any(|op| op.has_rejected()) {
             self.write_results()?;
+        }
+        Ok(())
+    }
+
+    /// The clock of a record partitioned by a field's value (a new value gets one); none
+    /// when the record went to the dead letters (the value is too long, or one too many).
+    #[inline]
+    fn field_partition(
+        &mut self,
+        slots: &[Option<Scalar>],
+        record: &[u8],
+        pos: Position,
+    ) -> Result<Option<usize>> {
+        let name = self.decoder.partition_name(slots);
+        if let Some(p) = self.watermarks.find(&name) {
+            return Ok(Some(p));
+        }
+        // Each value is a clock, a status entry and a metrics series: bounded.
+        if name.len() > MAX_PARTITION_NAME {
+            let why =
+                format!("its partition field's value has {} bytes; at most {MAX_PARTITION_NAME}", name.len());
+            return self.dead_letter(&why, record, pos).map(|()| None);
+        }
+        if self.watermarks.partitions().len() >= MAX_FIELD_PARTITIONS {
+            let why = format!(
+                "its partition field's value would be partition {}; a job keeps at most {MAX_FIELD_PARTITIONS}",
+                MAX_FIELD_PARTITIONS + 1
+            );
+            return self.dead_letter(&why, record, pos).map(|()| None);
+        }
+        Ok(Some(self.watermarks.partition(&name)))
+    }
+
+    /// Dead-letter a record for each aggregation that `refused` it (naming it; a job of
+    /// one aggregation writes the reason alone).
+    #[cold]
+    fn dead_letter_refused(
+        &mut self,
+        refused: &[(usize, String)],
+        record: &[u8],
+        pos: Position,
+    ) -> Result<()> {
+        if refused.len() == self.ops.len() && self.ops.len() == 1 {
+            return self.dead_letter(&refused[0].1, record, pos);
+        }
+        for (i, reason) in refused {
+            let name = self.ops[*i].name().to_string();
+            let reason = format!("aggregation {name:?}: {reason}");
+            self.dead_letter_for(Some(name), &reason, record, pos)?;
         }
         Ok(())
     }

@@ -275,6 +275,12 @@ impl Shadow {
             self.tainted.remove(id);
         }
         self.out.clear();
+        self.record(equal, faulted, differences)
+    }
+
+    /// Count a comparison's verdicts, and keep its differences (in the file, and the
+    /// latest in memory).
+    fn record(&mut self, equal: u64, faulted: u64, differences: Vec<ShadowDifference>) -> Result<()> {
         let different_before = self.status.different;
         let s = &mut self.status;
         s.equal += equal;

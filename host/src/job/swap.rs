@@ -26,11 +26,12 @@ use super::engine::Engine;
 use super::shadow::Shadow;
 use super::upgrade::{self, Refusal};
 use crate::pipeline::Pipeline;
+use crate::plugin::Plugin;
 use crate::sink::RewindPoint;
 use crate::source::decode::Decoder;
 use crate::source::Source;
 use crate::window::aggregator::Aggregator;
-use crate::window::operator::Snapshot;
+use crate::window::operator::{Snapshot, WindowOperator};
 use crate::{metrics, Error};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -243,34 +244,10 @@ impl Engine {
         let mut from = Vec::new();
         let mut aggregations = Vec::new();
         let mut current_calls = Vec::new();
-        let fail = |e: Error| Refused::Failed(e.to_string());
         for ((i, plugin), cols) in d.plugins.into_iter().zip(shadow_columns) {
-            let (old, new) = (self.ops[i].identity().clone(), plugin.identity().clone());
-            let captured = self.ops[i].capture().map_err(fail)?;
-            let mut snap = Snapshot {
-                slots: captured
-                    .slots
-                    .iter()
-                    .map(|(key, id, window, acc)| crate::state::saved::SavedSlot {
-                        key: key.to_vec(),
-                        id,
-                        window,
-                        acc: acc.to_vec(),
-                    })
-                    .collect(),
-                rows: captured.rows,
-                counters: captured.counters,
-            };
+            let old = self.ops[i].identity().clone();
             current_calls.push((self.ops[i].plugin().call_seconds(), self.ops[i].plugin().call_seconds()));
-            let mut op = operator(pipeline, i, plugin, cols);
-            // A fault of the new plugin never stops the job (whatever `on_error` says).
-            op.set_on_error(crate::plugin::OnError::DeadLetter);
-            op.keep_quarantined_events();
-            if old.state_schema != new.state_schema {
-                op.migrate(old.state_schema, &mut snap)
-                    .map_err(|e| Refused::from(upgrade::migration_failed(&old, &new, e)))?;
-            }
-            op.restore(&snap, wm, true).map_err(fail)?;
+            let op = self.shadow_operator(pipeline, i, plugin, cols, wm)?;
             aggregations.push(op.name().to_string());
             from.push(old);
             ops.push((i, op));
@@ -278,24 +255,7 @@ impl Engine {
         let Some(to) = ops.first().map(|(_, op)| op.identity().clone()) else {
             return Err(Refused::Closed("the deploy replaces no aggregation".into()));
         };
-        let file = match file {
-            Some(path) => {
-                let opened = path
-                    .parent()
-                    .map_or(Ok(()), std::fs::create_dir_all)
-                    .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&path));
-                match opened {
-                    Ok(f) => Some((path, std::io::BufWriter::new(f))),
-                    Err(e) => {
-                        return Err(Refused::Failed(format!(
-                            "the shadow's differences file {}: {e}",
-                            path.display()
-                        )))
-                    }
-                }
-            }
-            None => None,
-        };
+        let file = differences_file(file)?;
         for (op, cols) in self.ops.iter_mut().zip(columns) {
             op.set_columns(cols);
         }
@@ -317,6 +277,45 @@ impl Engine {
         tracing::info!(deploy = id, to = %format!("{} {}", status.to.name, status.to.version), at_record, "shadow started");
         self.shadow = Some(Box::new(Shadow::new(status.clone(), d.component, ops, file, current_calls)));
         Ok(status)
+    }
+
+    /// The shadow's operator for aggregation `i`: `plugin` over a copy of the current
+    /// state (migrated when the state schema differs), at watermark `wm`.
+    fn shadow_operator(
+        &mut self,
+        pipeline: &Pipeline,
+        i: usize,
+        plugin: Plugin,
+        cols: Vec<usize>,
+        wm: i64,
+    ) -> std::result::Result<WindowOperator, Refused> {
+        let fail = |e: Error| Refused::Failed(e.to_string());
+        let (old, new) = (self.ops[i].identity().clone(), plugin.identity().clone());
+        let captured = self.ops[i].capture().map_err(fail)?;
+        let mut snap = Snapshot {
+            slots: captured
+                .slots
+                .iter()
+                .map(|(key, id, window, acc)| crate::state::saved::SavedSlot {
+                    key: key.to_vec(),
+                    id,
+                    window,
+                    acc: acc.to_vec(),
+                })
+                .collect(),
+            rows: captured.rows,
+            counters: captured.counters,
+        };
+        let mut op = operator(pipeline, i, plugin, cols);
+        // A fault of the new plugin never stops the job (whatever `on_error` says).
+        op.set_on_error(crate::plugin::OnError::DeadLetter);
+        op.keep_quarantined_events();
+        if old.state_schema != new.state_schema {
+            op.migrate(old.state_schema, &mut snap)
+                .map_err(|e| Refused::from(upgrade::migration_failed(&old, &new, e)))?;
+        }
+        op.restore(&snap, wm, true).map_err(fail)?;
+        Ok(op)
     }
 
     /// A shadow restarted (see the module's text) takes the counts its status had.
@@ -394,4 +393,29 @@ impl Engine {
         self.decoder = decoder;
         Ok(())
     }
+}
+
+/// The shadow's differences file, opened to append (its folder made).
+#[allow(clippy::type_complexity)]
+fn differences_file(
+    file: Option<PathBuf>,
+) -> std::result::Result<Option<(PathBuf, std::io::BufWriter<std::fs::File>)>, Refused> {
+    Ok(match file {
+        Some(path) => {
+            let opened = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::OpenOptions::new().create(true).append(true).open(&path));
+            match opened {
+                Ok(f) => Some((path, std::io::BufWriter::new(f))),
+                Err(e) => {
+                    return Err(Refused::Failed(format!(
+                        "the shadow's differences file {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        None => None,
+    })
 }

@@ -116,28 +116,7 @@ impl WindowOperator {
             }
             Some((first_window, i)) => {
                 let target = list[i];
-                self.reopen(k, target.id);
-                if count > 1 {
-                    self.merge_sessions(k, target.id, &own)?;
-                }
-                if merged.start != first_window.start {
-                    // Not written under its new start (its old one is retracted below).
-                    self.set_written(k, target.id, false);
-                }
-                if merged != first_window {
-                    self.state.set_window_at(target.at, k, target.id, merged);
-                    if !target.armed && merged.end > wm {
-                        // It fired already; fire again when the grown session closes.
-                        self.state.add_timer(Timer {
-                            time: merged.end,
-                            kind: TimerKind::Fire,
-                            key: k,
-                            id: target.id,
-                        });
-                        self.next_fire = self.next_fire.min(merged.end);
-                        self.set_armed(k, target.id, true);
-                    }
-                }
+                self.join_session(k, target, count > 1, &own, first_window, merged, wm)?;
                 target.id
             }
         };
@@ -165,6 +144,45 @@ impl WindowOperator {
             self.flush(Some(wm))?;
         }
         Ok(Verdict::Accepted)
+    }
+
+    /// The event of window `own` joins session `target` of key `k` (the earliest it
+    /// overlaps, whose window was `first_window`), folding the others it overlaps (`more`)
+    /// into it: the session grows to `merged`, and fires again if it had fired.
+    #[allow(clippy::too_many_arguments)]
+    fn join_session(
+        &mut self,
+        k: u32,
+        target: SessionRef,
+        more: bool,
+        own: &Window,
+        first_window: Window,
+        merged: Window,
+        wm: i64,
+    ) -> Result<()> {
+        self.reopen(k, target.id);
+        if more {
+            self.merge_sessions(k, target.id, own)?;
+        }
+        if merged.start != first_window.start {
+            // Not written under its new start (its old one is retracted below).
+            self.set_written(k, target.id, false);
+        }
+        if merged != first_window {
+            self.state.set_window_at(target.at, k, target.id, merged);
+            if !target.armed && merged.end > wm {
+                // It fired already; fire again when the grown session closes.
+                self.state.add_timer(Timer {
+                    time: merged.end,
+                    kind: TimerKind::Fire,
+                    key: k,
+                    id: target.id,
+                });
+                self.next_fire = self.next_fire.min(merged.end);
+                self.set_armed(k, target.id, true);
+            }
+        }
+        Ok(())
     }
 
     /// Fold every other session of `key` that overlaps `own` into `target` (the earliest),

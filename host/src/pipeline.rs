@@ -1004,10 +1004,13 @@ fn source_spec(
     })
 }
 
+/// The brokers a Kafka sink (at a section) writes to: those given, else the source's.
+type BrokersFor<'a> = dyn Fn(Option<String>, &str) -> std::result::Result<String, String> + 'a;
+
 /// The result sink (Kafka's brokers default to the source's, `brokers_for`).
 fn sink_spec(
     raw: RawSink,
-    brokers_for: &dyn Fn(Option<String>, &str) -> std::result::Result<String, String>,
+    brokers_for: &BrokersFor,
     resolve: &dyn Fn(&str) -> PathBuf,
 ) -> std::result::Result<SinkSpec, String> {
     Ok(match raw {
@@ -1045,7 +1048,7 @@ fn sink_spec(
 /// The dead letters: a JSONL file or a Kafka topic.
 fn dead_letter_spec(
     d: RawDeadLetter,
-    brokers_for: &dyn Fn(Option<String>, &str) -> std::result::Result<String, String>,
+    brokers_for: &BrokersFor,
     resolve: &dyn Fn(&str) -> PathBuf,
 ) -> std::result::Result<DeadLetterSpec, String> {
     Ok(match (d.path, d.topic) {

@@ -5,7 +5,7 @@
 
 use super::build::idleness;
 use super::engine::Engine;
-use super::upgrade::{self, Refusal};
+use super::upgrade::{self, Migrations, Refusal};
 use super::Upgrade;
 use crate::checkpoint::savepoint::{PipelineIdentity, StateFile};
 use crate::checkpoint::{savepoint, OperatorMeta, Savepoint, SavepointMeta};
@@ -26,7 +26,7 @@ impl Engine {
         pipeline: &Pipeline,
         sp: &Savepoint,
         upgrade: &Upgrade,
-    ) -> Result<Vec<(String, u32, u32)>> {
+    ) -> Result<Migrations> {
         let refuse = |r: Refusal| match upgrade {
             Upgrade::Deploy(_) => Error::deploy(r),
             Upgrade::Resume => Error::Unfit { path: sp.path.clone(), refusal: Box::new(r) },

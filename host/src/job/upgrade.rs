@@ -101,6 +101,9 @@ pub fn migration_failed(old: &PluginIdentity, new: &PluginIdentity, source: crat
     }
 }
 
+/// State schema migrations a restore did: (aggregation, from, to).
+pub type Migrations = Vec<(String, u32, u32)>;
+
 #[cfg(test)]
 mod tests {
     use super::*;

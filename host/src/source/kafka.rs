@@ -337,7 +337,7 @@ fn start_at(
     let name = format!("{topic}/{id}");
     let (low, high) = consumer
         .fetch_watermarks(topic, id, REQUEST_TIMEOUT)
-        .map_err(|e| kafka_error(&brokers, format!("read the offsets of {name}"), e))?;
+        .map_err(|e| kafka_error(brokers, format!("read the offsets of {name}"), e))?;
     let saved = resume.and_then(|r| r.partitions.iter().find(|p| p.name == name));
     let from_group = committed.and_then(|c| c.find_partition(topic, id)).and_then(|e| match e.offset() {
         Offset::Offset(o) => Some(o),

@@ -10,6 +10,7 @@ use crate::job::checkpoints::{CheckpointStats, Checkpointer};
 use crate::job::engine::{Confined, Engine};
 use crate::job::lag::LagReport;
 use crate::job::ledger::Ledger;
+use crate::job::upgrade::Migrations;
 use crate::job::{Restore, RunOptions, Upgrade};
 use crate::pipeline::{Backend, Pipeline};
 use crate::plugin::Plugin;
@@ -93,7 +94,7 @@ fn open_engine(
     plugins: Vec<(Plugin, Option<Component>)>,
     restore: Option<&Savepoint>,
     upgrade: &Upgrade,
-) -> Result<(Engine, Vec<(String, u32, u32)>)> {
+) -> Result<(Engine, Migrations)> {
     let (plugins, components): (Vec<Plugin>, Vec<Option<Component>>) = plugins.into_iter().unzip();
     let mut job = Engine::new(pipeline, plugins)?;
     job.components = components;

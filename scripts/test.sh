@@ -11,7 +11,7 @@ start=$(date +%s)
 echo "== module cycles (the host's top-level modules point one way)"
 python3 scripts/module-cycles.py host/src
 echo "== file cycles (the files of job/, window/, source/ and cli/ point one way)"
-python3 scripts/module-cycles.py --files host/src/job host/src/window host/src/source host/src/cli
+python3 scripts/module-cycles.py --files host/src/job host/src/window host/src/source host/src/source/json host/src/cli
 ./scripts/build-plugins.sh
 # The broker the Kafka tests start (on loopback). On a fresh machine it builds from source
 # (about 14 minutes on two cores), so it builds in the background while km0 and its tests

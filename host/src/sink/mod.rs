@@ -268,7 +268,7 @@ impl ResultSink {
             ResultSink::Jsonl(s) => {
                 line.clear();
                 line.extend_from_slice(b"{\"key\":");
-                crate::source::json::push_json_str(line, key);
+                line::push_json_str(line, key);
                 line.extend_from_slice(b",\"value\":");
                 line.extend_from_slice(value.unwrap_or("null").as_bytes());
                 line.push(b'}');

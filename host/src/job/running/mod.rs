@@ -47,7 +47,7 @@ pub(super) enum Step {
 /// How [`RunningJob::run`] ended.
 pub(super) enum Ran {
     Finished(Box<Summary>),
-    /// To go on from the rollback savepoint of a live deploy (see [`LoopControl`]).
+    /// To go on from the rollback savepoint of a live deploy (ordered by the control port).
     RolledBack(Box<Rollback>),
 }
 

@@ -189,22 +189,17 @@ impl Owner for Membership {
 const DEPLOYS_EVERY: Duration = Duration::from_secs(2);
 
 /// Serve the group until the process leaves (a stop signal, a stop command setting
-/// `leave`, or a failed task), then leave it: every task hands over first. Every
-/// [`DEPLOYS_EVERY`], `follow_deploys` brings the tasks to the job's newest deploy.
+/// `leave`, or a failed task), then leave it: every task hands over first. Nothing here
+/// waits on the checkpoint store: deploy records are followed on a thread of their own
+/// ([`follow_deploys`]), so a store that does not answer delays no hand-over.
 pub(super) fn serve(
     member: GroupMember,
     membership: &Membership,
     (leave, failed, finished): (&AtomicBool, &AtomicBool, &AtomicBool),
-    follow_deploys: &dyn Fn(),
 ) {
-    let mut looked = std::time::Instant::now();
     while !leave.load(Ordering::SeqCst) && !failed.load(Ordering::SeqCst) && !super::signals::stop_requested()
     {
         member.poll(Duration::from_millis(100));
-        if looked.elapsed() >= DEPLOYS_EVERY {
-            follow_deploys();
-            looked = std::time::Instant::now();
-        }
         if let Ok(mut id) = membership.member_id.lock() {
             *id = member.member_id();
         }
@@ -213,6 +208,22 @@ pub(super) fn serve(
         member.leave();
     }
     finished.store(true, Ordering::SeqCst);
+}
+
+/// Every [`DEPLOYS_EVERY`], `follow` brings the tasks to the job's newest deploy recorded
+/// in the store, until the process has left its group (`finished`) or the job is `done`.
+pub(super) fn follow_deploys(finished: &AtomicBool, done: &AtomicBool, follow: &dyn Fn()) {
+    let over = || finished.load(Ordering::SeqCst) || done.load(Ordering::SeqCst);
+    while !over() {
+        let looked = std::time::Instant::now();
+        while looked.elapsed() < DEPLOYS_EVERY {
+            if over() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        follow();
+    }
 }
 
 /// A released task's control port: closed until the task runs here again.

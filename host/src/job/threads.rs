@@ -59,16 +59,13 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
     let (tasks_ref, opts_ref, failed_ref, finished_ref) = (&tasks, &task_opts, &*failed, &finished);
     let outcomes: Vec<std::thread::Result<Result<Driven>>> = std::thread::scope(|s| {
         let fan_thread = fan.as_ref().map(|f| s.spawn(move || f.serve()));
+        // The group's deploy records, followed apart from the group's own thread.
+        let deploys_thread = fan.as_ref().filter(|_| member.is_some()).map(|f| {
+            s.spawn(move || membership::follow_deploys(finished_ref, &f.done, &|| f.follow_deploys()))
+        });
         let member_thread = member.zip(membership.clone()).map(|(member, m)| {
             let flags = (&leave, failed_ref, finished_ref);
-            let fan = fan.as_ref();
-            s.spawn(move || {
-                membership::serve(member, &m, flags, &|| {
-                    if let Some(f) = fan {
-                        f.follow_deploys();
-                    }
-                })
-            })
+            s.spawn(move || membership::serve(member, &m, flags))
         });
         let workers: Vec<_> = (0..threads)
             .map(|t| {
@@ -99,6 +96,9 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
             let _ = t.join();
         }
         if let Some(t) = member_thread {
+            let _ = t.join();
+        }
+        if let Some(t) = deploys_thread {
             let _ = t.join();
         }
         out

@@ -66,11 +66,17 @@ struct Member {
 
 impl Member {
     fn start(pipeline: &Path, env: &[(&str, String)], log: PathBuf) -> Member {
+        Member::start_with(pipeline, env, log, &["--parallelism", "2"])
+    }
+
+    /// Started with `args` (`--parallelism N`, `--from-savepoint SP`).
+    fn start_with(pipeline: &Path, env: &[(&str, String)], log: PathBuf, args: &[&str]) -> Member {
         let port = km0_e2e::services::free_port();
         let child = Command::new(km0_bin())
             .arg("run")
             .arg(pipeline)
-            .args(["--parallelism", "2", "--http", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .args(["--http", &format!("127.0.0.1:{port}")])
             .env("KM0_LOG", "km0=info")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir(pipeline.parent().unwrap())
@@ -499,7 +505,7 @@ fn read_by(members: &[&Member]) -> u64 {
 fn until_read(members: &[&Member], n: u64, timeout: Duration) -> Duration {
     let t = Instant::now();
     while read_by(members) < n {
-        assert!(t.elapsed() < timeout, "read {} of {n}", read_by(members));
+        assert!(t.elapsed() < timeout, "read {} of {n}: {}", read_by(members), all_logs(&members[0].log));
         std::thread::sleep(Duration::from_millis(20));
     }
     t.elapsed()
@@ -644,4 +650,258 @@ fn measure_hand_off_and_throughput() {
             m.stop();
         }
     }
+}
+
+/// `km0 ARGS` with the store's environment: its standard output, or a failure with its
+/// standard error and the members' logs.
+fn km0_ok(args: &[&str], env: &[(&str, String)], logs: &Path) -> String {
+    let out = Command::new(km0_bin()).args(args).envs(env.iter().map(|(k, v)| (k, v))).output().unwrap();
+    assert!(
+        out.status.success(),
+        "km0 {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        all_logs(&logs.join("x"))
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Wait until every member has exited, successfully.
+fn all_exit(members: Vec<Member>) {
+    for m in members {
+        m.wait();
+    }
+}
+
+/// `part` equals `want` where they share keys, and `before` with `part` over it (a
+/// restarted job's output written over the first run's) equals `want`.
+fn assert_continues(
+    before: &BTreeMap<String, serde_json::Value>,
+    part: &BTreeMap<String, serde_json::Value>,
+    want: &BTreeMap<String, serde_json::Value>,
+    what: &str,
+) {
+    for (k, v) in part {
+        assert_eq!(want.get(k), Some(v), "{what}: key {k}");
+    }
+    let mut all = before.clone();
+    all.extend(part.iter().map(|(k, v)| (k.clone(), v.clone())));
+    assert_eq!(all.len(), want.len(), "{what}: keys");
+    assert!(all == *want, "{what}: the output differs from one process's run");
+}
+
+/// A savepoint of a 3-process group while records flow and a stop with a savepoint
+/// (asked of one member each); the group started again from the stop's savepoint at 2
+/// processes and at 4, and a process alone (bounded, `--parallelism 3`) from the first
+/// savepoint: each continues the first run's output topic into one process's output.
+#[test]
+fn a_group_savepoint_and_stop_start_the_job_again_at_any_size() {
+    let broker = Tansu::start();
+    broker.create_topic(TOPIC, PARTITIONS as i32);
+    let s3 = S3::start("km0");
+    let mut env = s3.env();
+    env.push(("KM0_TOKEN", "km0-group-token".into()));
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let parts = stream(60_000, 53);
+    let want = file_run(&dir.path().join("files"), &parts);
+    assert!(want.len() > 200, "alerts: {}", want.len());
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    // 40% of each partition now, the rest while the group runs.
+    let (first, rest): (Vec<_>, Vec<_>) = parts
+        .into_iter()
+        .map(|l| {
+            let cut = l.len() * 2 / 5;
+            (l[..cut].to_vec(), l[cut..].to_vec())
+        })
+        .unzip();
+    produce_slowly(broker.brokers.clone(), first, 1, Duration::ZERO).join().unwrap();
+    let store = "s3://km0/jobs/sp";
+    let group = "km0-sp";
+    let pipeline = |m: &str, topic: &str| {
+        let sink = format!("kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{topic}\"", broker.brokers);
+        job(&dir.path().join(m), &kafka_source(&broker, group), &sink, &s3_checkpoints(store))
+    };
+    for t in ["alertas-1", "alertas-2", "alertas-4", "alertas-alone"] {
+        broker.create_topic(t, 3);
+    }
+    let start = |m: &str, topic: &str, args: &[&str]| {
+        Member::start_with(&pipeline(m, topic), &env, logs.join(format!("{m}.log")), args)
+    };
+    let members: Vec<Member> =
+        ["a", "b", "c"].iter().map(|m| start(m, "alertas-1", &["--parallelism", "2"])).collect();
+    let t = Instant::now();
+    while broker.committed(group, TOPIC, PARTITIONS as i32).iter().filter(|&&c| c > 0).count() < PARTITIONS {
+        assert!(t.elapsed() < Duration::from_secs(90), "nothing committed: {}", all_logs(&members[0].log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let producer = produce_slowly(broker.brokers.clone(), rest, 8, Duration::from_millis(400));
+    std::thread::sleep(Duration::from_millis(600));
+
+    // A savepoint while records flow, asked of a.
+    let t = Instant::now();
+    let saved = km0_ok(&["savepoint", "--job", &members[0].url], &env, &logs).trim().to_string();
+    let savepoint_took = t.elapsed();
+    assert!(saved.starts_with(&format!("{store}/savepoints/")), "{saved}");
+    let listed = km0_ok(&["savepoints", "--store", store], &env, &logs);
+    assert!(listed.contains(&saved) && listed.contains("complete") && listed.contains("6 tasks"), "{listed}");
+    std::thread::sleep(Duration::from_millis(800));
+
+    // A stop, asked of b: every process stops once its tasks are in the savepoint.
+    let t = Instant::now();
+    let stopped = km0_ok(&["stop", "--job", &members[1].url], &env, &logs).trim().to_string();
+    let stop_took = t.elapsed();
+    assert!(stopped.starts_with(&format!("{store}/savepoints/")) && stopped != saved, "{stopped}");
+    all_exit(members);
+    eprintln!("group savepoint of 6 tasks on 3 processes: {savepoint_took:?}; stop: {stop_took:?}");
+    producer.join().unwrap();
+    let first_run = keyed_view_of(&broker.read_all("alertas-1"));
+
+    // Started again from the stop's savepoint: 2 processes, stopped with a savepoint in
+    // turn; then 4 processes from the same savepoint (the group's last stop since makes
+    // it a new start: every task restores the savepoint again).
+    for (size, topic) in [(2, "alertas-2"), (4, "alertas-4")] {
+        let ms: Vec<Member> = (0..size)
+            .map(|i| {
+                start(&format!("r{size}-{i}"), topic, &["--parallelism", "2", "--from-savepoint", &stopped])
+            })
+            .collect();
+        let refs: Vec<&Member> = ms.iter().collect();
+        until_read(&refs, total, Duration::from_secs(120));
+        let again = km0_ok(&["stop", "--job", &ms[0].url], &env, &logs).trim().to_string();
+        assert!(again.starts_with(&format!("{store}/savepoints/")), "{again}");
+        all_exit(ms);
+        let part = keyed_view_of(&broker.read_all(topic));
+        assert!(!part.is_empty(), "{topic}");
+        assert_continues(&first_run, &part, &want, &format!("{size} processes from the stop's savepoint"));
+    }
+
+    // A process alone, bounded, from the savepoint taken while records flowed.
+    let alone = pipeline("alone", "alertas-alone");
+    let text = std::fs::read_to_string(&alone)
+        .unwrap()
+        .replace("partitioned_by", "bounded = true\npartitioned_by")
+        .replace(store, "chk");
+    std::fs::write(&alone, text).unwrap();
+    km0_ok(
+        &[
+            "run",
+            alone.to_str().unwrap(),
+            "--from-savepoint",
+            &saved,
+            "--parallelism",
+            "3",
+            "--http",
+            "off",
+            "--quiet",
+        ],
+        &env,
+        &logs,
+    );
+    let part = keyed_view_of(&broker.read_all("alertas-alone"));
+    assert_continues(&first_run, &part, &want, "one process from the group's savepoint");
+}
+
+/// A 3-process group into PostgreSQL stopped with a savepoint; `min-stock-v2` deployed
+/// offline into that savepoint (state migrated, nothing read); the group started again
+/// from the result as one process at `--parallelism 3`: every window fired after the
+/// savepoint carries v2's fields, the fields both versions write equal one process's
+/// run of v1, and rows written before the stop are left as they were.
+#[test]
+fn an_offline_deploy_into_a_groups_savepoint_starts_the_group_on_the_new_plugin() {
+    let broker = Tansu::start();
+    broker.create_topic(TOPIC, PARTITIONS as i32);
+    let s3 = S3::start("km0");
+    let pg = km0_e2e::services::Postgres::start();
+    let mut env = s3.env();
+    env.push(("KM0_TOKEN", "km0-group-token".into()));
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let parts = stream(50_000, 59);
+    let want = file_run(&dir.path().join("files"), &parts);
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    let (first, rest): (Vec<_>, Vec<_>) = parts
+        .into_iter()
+        .map(|l| {
+            let cut = l.len() / 2;
+            (l[..cut].to_vec(), l[cut..].to_vec())
+        })
+        .unzip();
+    produce_slowly(broker.brokers.clone(), first, 1, Duration::ZERO).join().unwrap();
+    let store = "s3://km0/jobs/dep";
+    let group = "km0-dep";
+    let sink = format!("kind = \"postgres\"\nurl = \"{}\"\ntable = \"alertas\"", pg.url());
+    let pipeline =
+        |m: &str| job(&dir.path().join(m), &kafka_source(&broker, group), &sink, &s3_checkpoints(store));
+    let start =
+        |m: &str, args: &[&str]| Member::start_with(&pipeline(m), &env, logs.join(format!("{m}.log")), args);
+    let members: Vec<Member> = ["a", "b", "c"].iter().map(|m| start(m, &["--parallelism", "2"])).collect();
+    let refs: Vec<&Member> = members.iter().collect();
+    until_read(&refs, total / 2 - PARTITIONS as u64, Duration::from_secs(90));
+    let stopped = km0_ok(&["stop", "--job", &members[2].url], &env, &logs).trim().to_string();
+    all_exit(members);
+    let rows = || -> BTreeMap<String, serde_json::Value> {
+        pg.query("SELECT key, value::text FROM alertas ORDER BY key")
+            .iter()
+            .map(|r| (r[0].clone(), serde_json::from_str(&r[1]).unwrap()))
+            .collect()
+    };
+    let before = rows();
+    assert!(!before.is_empty() && before.len() < want.len(), "{} of {}", before.len(), want.len());
+
+    // Offline: the savepoint's state migrated to v2, put into the group's store.
+    let deployed = km0_ok(
+        &[
+            "deploy",
+            plugin("min-stock-v2").to_str().unwrap(),
+            "--from-savepoint",
+            &stopped,
+            "--pipeline",
+            pipeline("deploy").to_str().unwrap(),
+            "--http",
+            "off",
+            "--quiet",
+        ],
+        &env,
+        &logs,
+    )
+    .trim()
+    .to_string();
+    assert!(deployed.starts_with(&format!("{store}/savepoints/")) && deployed != stopped, "{deployed}");
+    assert!(before == rows(), "an offline deploy writes nothing");
+
+    produce_slowly(broker.brokers.clone(), rest, 1, Duration::ZERO).join().unwrap();
+    let alone = start("alone", &["--parallelism", "3", "--from-savepoint", &deployed]);
+    until_read(&[&alone], total, Duration::from_secs(120));
+    let s = alone.status();
+    let plugins: Vec<&str> = s["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t["plugins"].as_array().into_iter().flatten().filter_map(|p| p.as_str()))
+        .collect();
+    assert!(
+        plugins.len() == PARTITIONS && plugins.iter().all(|p| p.starts_with("min-stock 0.2")),
+        "{plugins:?}"
+    );
+    km0_ok(&["stop", "--job", &alone.url], &env, &logs);
+    all_exit(vec![alone]);
+
+    let after = rows();
+    assert_eq!(after.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "keys");
+    let mut v2 = 0;
+    for (k, v) in &after {
+        match before.get(k) {
+            Some(old) => assert_eq!(v, old, "a row written before the stop is left be: {k}"),
+            None => {
+                assert!(v.get("suma_delta").is_some(), "fired after the savepoint, by v2: {k} {v}");
+                v2 += 1;
+            }
+        }
+        for (field, w) in want[k].as_object().unwrap() {
+            assert_eq!(v.get(field), Some(w), "{k}: field {field}");
+        }
+    }
+    assert!(v2 > 50, "windows fired by v2: {v2}");
 }

@@ -140,6 +140,16 @@ pub enum SourceSpec {
 }
 
 impl SourceSpec {
+    /// The same source read as a batch over what it holds when the run starts (a run that
+    /// shares nothing with a consumer group).
+    pub fn bounded(mut self) -> SourceSpec {
+        match &mut self {
+            SourceSpec::File { follow, .. } => *follow = false,
+            SourceSpec::Kafka(k) => k.bounded = true,
+        }
+        self
+    }
+
     /// True if the input never ends (followed files, an unbounded Kafka source).
     pub fn unbounded(&self) -> bool {
         match self {

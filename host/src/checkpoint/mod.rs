@@ -2,6 +2,7 @@
 //! checkpoints (the same snapshot, numbered, in a [`store::SnapshotStore`]).
 
 pub mod components;
+pub mod group;
 pub mod remote;
 pub mod savepoint;
 pub mod store;

@@ -552,6 +552,93 @@ impl RemoteStore {
         Ok(())
     }
 
+    /// The object `rel` (a path under the store's prefix, parts split by `/`).
+    fn key(&self, rel: &str) -> StorePath {
+        rel.split('/').filter(|p| !p.is_empty()).fold(self.inner.prefix.clone(), |k, p| k.child(p))
+    }
+
+    /// The bytes of the object `rel`, if it exists.
+    pub(super) fn get_object(&self, rel: &str) -> Result<Option<Vec<u8>>> {
+        let key = self.key(rel);
+        match self.block(async { self.inner.store.get(&key).await?.bytes().await }) {
+            Ok(b) => Ok(Some(b.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(err(&self.inner.url, format!("read {key}: {e}"))),
+        }
+    }
+
+    /// Write the object `rel` (replacing it).
+    pub(super) fn put_object(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let key = self.key(rel);
+        self.block(self.inner.store.put(&key, PutPayload::from(bytes)))
+            .map(drop)
+            .map_err(|e| err(&self.inner.url, format!("write {key}: {e}")))
+    }
+
+    /// Create the object `rel` only if it is absent: whether this call created it.
+    pub(super) fn create_object(&self, rel: &str, bytes: Vec<u8>) -> Result<bool> {
+        let key = self.key(rel);
+        let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.block(self.inner.store.put_opts(&key, PutPayload::from(bytes), create)) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(err(&self.inner.url, format!("create {key}: {e}"))),
+        }
+    }
+
+    /// Delete the object `rel` (gone already is as good).
+    pub(super) fn delete_object(&self, rel: &str) -> Result<()> {
+        self.delete(&self.key(rel))
+    }
+
+    /// The folders and the objects right under `rel`: their names.
+    pub(super) fn children(&self, rel: &str) -> Result<(Vec<String>, Vec<String>)> {
+        let dir = self.key(rel);
+        let listed = self
+            .block(self.inner.store.list_with_delimiter(Some(&dir)))
+            .map_err(|e| err(&self.inner.url, format!("list {dir}: {e}")))?;
+        let name = |p: &StorePath| p.filename().map(str::to_string);
+        Ok((
+            listed.common_prefixes.iter().filter_map(name).collect(),
+            listed.objects.iter().filter_map(|o| name(&o.location)).collect(),
+        ))
+    }
+
+    /// Copy every file under the local folder `local` to `rel/`.
+    pub(super) fn upload_folder(&self, local: &Path, rel: &str) -> Result<()> {
+        let mut files = Vec::new();
+        walk(local, Path::new(""), &mut files).map_err(|e| Error::io("list folder", local, e))?;
+        for file in files {
+            let bytes =
+                std::fs::read(local.join(&file)).map_err(|e| Error::io("read", local.join(&file), e))?;
+            let parts: Vec<String> = file.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+            self.put_object(&format!("{rel}/{}", parts.join("/")), bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Copy every object under `rel/` into the local folder `local`.
+    pub(super) fn download_folder(&self, rel: &str, local: &Path) -> Result<()> {
+        let base = self.key(rel);
+        for o in self.objects_under(base.clone())? {
+            let parts: Vec<String> = o
+                .location
+                .prefix_match(&base)
+                .map(|parts| parts.map(|p| p.as_ref().to_string()).collect())
+                .unwrap_or_default();
+            if parts.is_empty() || parts.iter().any(|p| p == ".." || p == "." || p.is_empty()) {
+                continue;
+            }
+            self.download(&o.location, &parts.iter().fold(local.to_path_buf(), |p, part| p.join(part)))?;
+        }
+        Ok(())
+    }
+
+    /// This process's id in what it writes.
+    pub(super) fn writer(&self) -> &str {
+        &self.inner.writer
+    }
+
     /// Record that checkpoint `n`'s epoch committed (transactional sinks).
     pub fn mark_committed(&self, n: u64) -> Result<()> {
         let path = self.chk(n).child("COMMITTED");

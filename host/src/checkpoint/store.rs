@@ -129,6 +129,42 @@ impl Checkpoints {
         }
     }
 
+    /// Whether a task of a job that a consumer group shares restores the savepoint whose
+    /// snapshot is `snapshot_id` (the job was started from it), rather than its newest
+    /// checkpoint: the first owner of the task records the restore in the store (with the
+    /// newest checkpoint then); a later owner restores the savepoint again only if no
+    /// checkpoint was completed since, so a task's savepoint is restored once for the life
+    /// of the job whichever process takes it, and however often.
+    pub fn first_restore(&self, snapshot_id: &str) -> Result<bool> {
+        let newest = self.list()?.last().copied().unwrap_or(0);
+        let name = format!("restored/{snapshot_id}");
+        let recorded = match &self.remote {
+            Some(r) => {
+                if r.create_object(&name, newest.to_string().into_bytes())? {
+                    return Ok(true);
+                }
+                r.get_object(&name)?.unwrap_or_default()
+            }
+            None => {
+                let path = self.local.dir.join(format!("restored-{snapshot_id}"));
+                let created = std::fs::OpenOptions::new().write(true).create_new(true).open(&path);
+                match created {
+                    Ok(mut f) => {
+                        std::io::Write::write_all(&mut f, newest.to_string().as_bytes())
+                            .map_err(|e| crate::Error::io("write", &path, e))?;
+                        return Ok(true);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        std::fs::read(&path).map_err(|e| crate::Error::io("read", &path, e))?
+                    }
+                    Err(e) => return Err(crate::Error::io("create", &path, e)),
+                }
+            }
+        };
+        let then: u64 = String::from_utf8_lossy(&recorded).trim().parse().unwrap_or(0);
+        Ok(newest <= then)
+    }
+
     /// The number the next checkpoint takes: after every one here or in the store.
     pub fn next(&self) -> Result<u64> {
         let mut newest = self.local.list()?.last().copied().unwrap_or(0);

@@ -120,6 +120,16 @@ pub enum Command {
         #[arg(long)]
         token: Option<String>,
     },
+    /// The savepoints of a job shared by a consumer group, in its checkpoint store (the
+    /// pipeline's `[checkpoints] dir`, e.g. s3://bucket/prefix): complete ones first
+    /// in what they hold, open and abandoned ones with why.
+    Savepoints {
+        #[arg(long, value_name = "URL")]
+        store: String,
+        /// Print the JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure events per CPU-second of a pipeline on a generated stream.
     Bench(BenchArgs),
 }
@@ -161,6 +171,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Status { job, json } => api::status(&job, json)?,
         Command::Savepoint { job, token } => api::savepoint(&job, token)?,
         Command::Stop { job, drain, token } => api::stop(&job, drain, token)?,
+        Command::Savepoints { store, json } => report::print_group_savepoints(&store, json)?,
         Command::Validate { pipeline } => validate(&pipeline)?,
         Command::Deploy(args) => deploy::deploy(args)?,
         Command::Generate { stream } => generate::generate(stream)?,
@@ -222,6 +233,7 @@ fn options(args: RunArgs, from_savepoint: Option<PathBuf>) -> RunOptions {
         control: None,
         parallelism: args.parallelism.map(|n| n as usize),
         committer: None,
+        since_stop: None,
     }
 }
 

@@ -250,3 +250,57 @@ pub fn print_plugin(runtime: &PluginRuntime, plugin: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// `km0 savepoints --store URL`: the group's savepoints, oldest first.
+pub fn print_group_savepoints(store: &str, json: bool) -> Result<()> {
+    use km0::checkpoint::group::{GroupSavepoints, Progress};
+    let g = GroupSavepoints::open(store)?;
+    let all = g.list()?;
+    let rows: Vec<serde_json::Value> = all
+        .iter()
+        .map(|p| {
+            let (r, state, tasks, why) = match p {
+                Progress::Complete(r, m) => {
+                    (r, "complete", m.tasks.iter().map(|t| t.partition.clone()).collect(), None)
+                }
+                Progress::Open(r, saved) => (r, "open", saved.clone(), None),
+                Progress::Abandoned(r, why) => (r, "abandoned", Vec::new(), Some(why.clone())),
+            };
+            serde_json::json!({
+                "id": r.id, "url": g.url_of(&r.id), "state": state, "stop": r.stop,
+                "at_ms": r.at_ms, "by": r.by, "tasks": tasks, "reason": why,
+            })
+        })
+        .collect();
+    if json {
+        println!("{:#}", serde_json::Value::Array(rows));
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no savepoint of the group in {store}");
+    }
+    for (p, row) in all.iter().zip(&rows) {
+        let kind = if row["stop"] == true { "stop" } else { "savepoint" };
+        match p {
+            Progress::Complete(_, m) => println!(
+                "{}  complete  {kind}  {} tasks ({})",
+                row["url"].as_str().unwrap_or_default(),
+                m.tasks.len(),
+                m.tasks.iter().map(|t| t.partition.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+            Progress::Open(_, saved) => {
+                println!(
+                    "{}  open  {kind}  {} tasks saved so far",
+                    row["url"].as_str().unwrap_or_default(),
+                    saved.len()
+                )
+            }
+            Progress::Abandoned(_, why) => println!(
+                "{}  abandoned  {kind}  {}",
+                row["url"].as_str().unwrap_or_default(),
+                km0::text::printable(why)
+            ),
+        }
+    }
+    Ok(())
+}

@@ -142,13 +142,8 @@ impl Fan<'_> {
 
     /// A savepoint of every task, then one job savepoint of them.
     fn savepoint(&self) -> std::result::Result<PathBuf, Refused> {
-        if let Some(m) = &self.membership {
-            return Err(Refused::Closed(format!(
-                "this process holds only its share of the tasks of consumer group {:?}: their state is in their \
-                 checkpoints, which every process restores from; a job savepoint is taken of a job that runs alone \
-                 (`bounded = true`, or a job whose watermark is the job's)",
-                m.group
-            )));
+        if self.membership.is_some() {
+            return self.group_savepoint(false);
         }
         let mut saved = Vec::new();
         let asked: Vec<_> = self
@@ -350,14 +345,7 @@ impl Fan<'_> {
     fn stop(&self, mode: StopMode, reply: super::commands::StopReply) {
         let mut answers = Vec::new();
         if self.membership.is_some() {
-            // The process leaves the group: its tasks hand over (checkpointed) and go on
-            // in the other processes; no savepoint.
-            self.leave.store(true, Ordering::SeqCst);
-            self.outer.set_state(JobState::Stopping);
-            if let Ok(mut s) = self.stop.lock() {
-                *s = Some((reply, answers));
-            }
-            return;
+            return self.stop_group(mode, reply);
         }
         for t in &self.tasks {
             let (tx, rx) = std::sync::mpsc::channel();

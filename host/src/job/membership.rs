@@ -33,8 +33,9 @@ pub(super) fn shares_group(pipeline: &Pipeline, opts: &RunOptions) -> bool {
     pipeline.source.group().is_some() && opts.input.is_none() && unbounded(pipeline, opts)
 }
 
-/// A job shared with a group restores its tasks from checkpoints: it needs them, and
-/// takes no savepoint to start from (each task would restore it again whenever it moves).
+/// A job shared with a group restores its tasks from checkpoints: it needs them (a
+/// savepoint it starts from is restored once per task, by the task's first owner:
+/// [`crate::checkpoint::store::Checkpoints::first_restore`]).
 pub(super) fn check(pipeline: &Pipeline, opts: &RunOptions) -> Result<()> {
     if pipeline.checkpoints.is_none() {
         return Err(Error::Usage(format!(
@@ -45,15 +46,7 @@ pub(super) fn check(pipeline: &Pipeline, opts: &RunOptions) -> Result<()> {
             pipeline.name
         )));
     }
-    if let Some(sp) = &opts.from_savepoint {
-        return Err(Error::Usage(format!(
-            "pipeline {:?} shares its partitions with a consumer group: its tasks restore from their \
-             checkpoints wherever they move, not from a savepoint ({}); deploy a new plugin live \
-             (`km0 deploy --job URL`), or run the savepoint with `bounded = true`",
-            pipeline.name,
-            sp.display()
-        )));
-    }
+    let _ = opts;
     Ok(())
 }
 
@@ -78,6 +71,13 @@ pub(super) struct Membership {
     pub(super) deploys: Option<crate::checkpoint::remote::RemoteStore>,
     /// The newest deploy record this process took, or refused (not tried again).
     pub(super) deploy_seen: AtomicU64,
+    /// The group's savepoints, in the same store.
+    pub(super) savepoints: Option<crate::checkpoint::group::GroupSavepoints>,
+    /// The tasks a stop of the group has stopped here: not opened again.
+    pub(super) stopped: Vec<AtomicBool>,
+    /// When this process started (epoch ms): a stop of the group that completed since
+    /// ends its part.
+    pub(super) started_ms: i64,
 }
 
 impl Membership {
@@ -88,10 +88,15 @@ impl Membership {
         partitions: Vec<TopicPartition>,
         threads: usize,
         failed: Arc<AtomicBool>,
-        deploys: Option<crate::checkpoint::remote::RemoteStore>,
+        stores: (
+            Option<crate::checkpoint::remote::RemoteStore>,
+            Option<crate::checkpoint::group::GroupSavepoints>,
+        ),
     ) -> (Arc<Membership>, Vec<Receiver<Order>>) {
+        let (deploys, savepoints) = stores;
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| channel()).unzip();
         let owned = partitions.iter().map(|_| Arc::new(AtomicBool::new(false))).collect();
+        let stopped = partitions.iter().map(|_| AtomicBool::new(false)).collect();
         let m = Membership {
             tasks: partitions.into_iter().enumerate().map(|(i, p)| (p, i)).collect(),
             threads: senders.into_iter().map(Mutex::new).collect(),
@@ -104,6 +109,9 @@ impl Membership {
             revoked: AtomicU64::new(0),
             deploys,
             deploy_seen: AtomicU64::new(0),
+            savepoints,
+            stopped,
+            started_ms: crate::metrics::now_ms(),
         };
         (Arc::new(m), receivers)
     }
@@ -112,6 +120,35 @@ impl Membership {
         if let Some(Ok(tx)) = self.threads.get(thread).map(Mutex::lock) {
             let _ = tx.send(order);
         }
+    }
+
+    /// Whether task `i` (`name`) may be opened here: not once a stop of the group has
+    /// saved it (a store that does not answer lets it open: opening waits on the store).
+    pub(super) fn may_open(&self, i: usize, name: &str) -> bool {
+        if self.stopped[i].load(Ordering::SeqCst) {
+            return false;
+        }
+        let Some(g) = &self.savepoints else { return true };
+        match g.may_open(name, self.started_ms) {
+            Ok(true) => true,
+            Ok(false) => {
+                self.stopped[i].store(true, Ordering::SeqCst);
+                tracing::info!(
+                    task = name,
+                    "task not opened: the group is stopping with a savepoint that holds it"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::warn!(task = name, error = %e, "looking for a stop of the group before opening a task");
+                true
+            }
+        }
+    }
+
+    /// This process's member id in the group.
+    pub(super) fn member(&self) -> String {
+        self.member_id.lock().map(|m| m.clone()).unwrap_or_default()
     }
 
     /// The thread that runs task `i` now, if any.
@@ -142,7 +179,7 @@ impl Owner for Membership {
                 );
                 continue;
             };
-            if placed.contains_key(&i) {
+            if placed.contains_key(&i) || self.stopped[i].load(Ordering::SeqCst) {
                 continue;
             }
             let mut load = vec![0usize; self.threads.len()];
@@ -186,7 +223,7 @@ impl Owner for Membership {
 }
 
 /// How often a process looks for a deploy recorded by another.
-const DEPLOYS_EVERY: Duration = Duration::from_secs(2);
+pub(super) const DEPLOYS_EVERY: Duration = Duration::from_secs(2);
 
 /// Serve the group until the process leaves (a stop signal, a stop command setting
 /// `leave`, or a failed task), then leave it: every task hands over first. Nothing here
@@ -210,17 +247,22 @@ pub(super) fn serve(
     finished.store(true, Ordering::SeqCst);
 }
 
-/// Every [`DEPLOYS_EVERY`], `follow` brings the tasks to the job's newest deploy recorded
-/// in the store, until the process has left its group (`finished`) or the job is `done`.
-pub(super) fn follow_deploys(finished: &AtomicBool, done: &AtomicBool, follow: &dyn Fn()) {
+/// Every `every`, `follow` looks at the job's shared store (deploys, savepoints of the
+/// group), until the process has left its group (`finished`) or the job is `done`.
+pub(super) fn follow_store(
+    finished: &AtomicBool,
+    done: &AtomicBool,
+    every: Duration,
+    follow: &mut dyn FnMut(),
+) {
     let over = || finished.load(Ordering::SeqCst) || done.load(Ordering::SeqCst);
     while !over() {
         let looked = std::time::Instant::now();
-        while looked.elapsed() < DEPLOYS_EVERY {
+        while looked.elapsed() < every {
             if over() {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(50).min(every));
         }
         follow();
     }
@@ -243,7 +285,7 @@ mod tests {
     #[test]
     fn assigned_partitions_open_on_the_least_loaded_thread_and_revoked_ones_are_released_first() {
         let failed = Arc::new(AtomicBool::new(false));
-        let (m, inboxes) = Membership::new("g", parts(5), 2, failed, None);
+        let (m, inboxes) = Membership::new("g", parts(5), 2, failed, (None, None));
         m.assigned(&parts(3));
         let opened = |rx: &Receiver<Order>| -> Vec<usize> {
             rx.try_iter()

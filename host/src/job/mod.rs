@@ -38,6 +38,7 @@ pub mod commands;
 pub mod deployment;
 mod engine;
 mod fan;
+mod group_savepoint;
 mod lag;
 mod ledger;
 mod membership;
@@ -97,6 +98,11 @@ pub struct RunOptions {
     /// committed through the process's member, and a stop signal is the member's to act
     /// on (it hands the tasks over), not the task's.
     pub committer: Option<crate::source::group::Committer>,
+    /// In a group: the group's last completed stop when this process started (its
+    /// savepoint id). A savepoint the group starts from is restored once per task after
+    /// it: a group stopped and started again from the same savepoint restores it again,
+    /// a process that joins or restarts meanwhile does not.
+    pub since_stop: Option<String>,
 }
 
 /// One aggregation at the end of a run.
@@ -182,6 +188,8 @@ enum Upgrade {
 /// Run a pipeline (fresh, or resumed from `opts.from_savepoint`): one task, or a task per
 /// partition ([`tasks`]).
 pub fn run(pipeline: &Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<Summary> {
+    let fetched = local_savepoint(pipeline, opts.from_savepoint.as_deref())?;
+    let opts = &RunOptions { from_savepoint: fetched, ..opts.clone() };
     if tasks::per_partition(pipeline) {
         return threads::run(pipeline, opts, &|p, o| open(p, o, runtime));
     }
@@ -238,31 +246,14 @@ fn roll_back<'p>(
 fn open<'p>(pipeline: &'p Pipeline, opts: &RunOptions, runtime: &PluginRuntime) -> Result<RunningJob<'p>> {
     let t0 = Instant::now();
     let restore = match (&opts.from_savepoint, &pipeline.checkpoints) {
+        (Some(sp), Some(c)) if opts.committer.is_some() => restore_in_group(pipeline, opts, sp, c)?,
         (Some(sp), _) => Some(Restore { savepoint: savepoint::read(sp)?, checkpoint: None }),
         (None, Some(c)) if !opts.no_recover => {
             let store = Checkpoints::open(&c.dir, c.remote.as_deref())?;
             if opts.committer.is_some() {
-                // A task of a job shared with a group takes the task before it looks for its
-                // newest checkpoint: a process that still runs it stops checkpointing and
-                // committing now (fenced), so what it restores is not overtaken.
-                if let Some(g) = store.claim()? {
-                    crate::sink::fence(&pipeline.sink, &pipeline.instance_name(), g)?;
-                }
+                take_task(pipeline, &store)?;
             }
-            let transactional = opts.output.is_none() && pipeline.sink.transactional();
-            let found = store::latest_valid(&store, transactional)?;
-            if transactional {
-                // Checkpoints after the one recovered from never committed: drop them, so
-                // that pruning cannot remove the last committed one.
-                let newest = found.as_ref().map_or(0, |(n, _)| *n);
-                for n in store.list()?.into_iter().filter(|&n| n > newest) {
-                    store.remove(n)?;
-                }
-            }
-            found.map(|(n, savepoint)| {
-                tracing::info!(checkpoint = n, "recovering from the latest checkpoint");
-                Restore { savepoint, checkpoint: Some(n) }
-            })
+            recover(pipeline, opts, &store)?
         }
         _ => None,
     };
@@ -308,6 +299,58 @@ fn shadow_deployment(
     Ok(deployment::Deployment { plugins, component, prepare: t.elapsed() })
 }
 
+/// A task of a job shared with a group takes the task before it looks for its newest
+/// checkpoint: a process that still runs it stops checkpointing and committing now
+/// (fenced), so what it restores is not overtaken.
+fn take_task(pipeline: &Pipeline, store: &Checkpoints) -> Result<()> {
+    if let Some(g) = store.claim()? {
+        crate::sink::fence(&pipeline.sink, &pipeline.instance_name(), g)?;
+    }
+    Ok(())
+}
+
+/// The newest checkpoint that reads back (with a transactional sink, whose epoch
+/// committed; the ones after it are dropped).
+fn recover(pipeline: &Pipeline, opts: &RunOptions, store: &Checkpoints) -> Result<Option<Restore>> {
+    let transactional = opts.output.is_none() && pipeline.sink.transactional();
+    let found = store::latest_valid(store, transactional)?;
+    if transactional {
+        // Checkpoints after the one recovered from never committed: drop them, so
+        // that pruning cannot remove the last committed one.
+        let newest = found.as_ref().map_or(0, |(n, _)| *n);
+        for n in store.list()?.into_iter().filter(|&n| n > newest) {
+            store.remove(n)?;
+        }
+    }
+    Ok(found.map(|(n, savepoint)| {
+        tracing::info!(checkpoint = n, "recovering from the latest checkpoint");
+        Restore { savepoint, checkpoint: Some(n) }
+    }))
+}
+
+/// A task of a group started from a savepoint: the savepoint's state the first time the
+/// job's life takes the task, its newest checkpoint afterwards
+/// ([`Checkpoints::first_restore`]).
+fn restore_in_group(
+    pipeline: &Pipeline,
+    opts: &RunOptions,
+    sp: &Path,
+    c: &crate::pipeline::CheckpointSpec,
+) -> Result<Option<Restore>> {
+    let store = Checkpoints::open(&c.dir, c.remote.as_deref())?;
+    take_task(pipeline, &store)?;
+    let saved = savepoint::read(sp)?;
+    let life = match &opts.since_stop {
+        Some(stop) => format!("{}-after-{stop}", saved.meta.snapshot_id),
+        None => saved.meta.snapshot_id.clone(),
+    };
+    if store.first_restore(&life)? {
+        tracing::info!(savepoint = %sp.display(), "the task starts from the savepoint");
+        return Ok(Some(Restore { savepoint: saved, checkpoint: None }));
+    }
+    recover(pipeline, opts, &store)
+}
+
 /// What a run starts from.
 struct Restore {
     savepoint: Savepoint,
@@ -325,6 +368,11 @@ pub fn deploy(
     opts: &RunOptions,
     runtime: &PluginRuntime,
 ) -> Result<Summary> {
+    let fetched = local_savepoint(pipeline, Some(from_savepoint))?;
+    let from_savepoint = fetched.as_deref().unwrap_or(from_savepoint);
+    if membership::shares_group(pipeline, opts) {
+        return deploy_into_savepoint(pipeline, plugin_path, from_savepoint, opts, runtime);
+    }
     if tasks::per_partition(pipeline) {
         let opts = RunOptions { from_savepoint: Some(from_savepoint.to_path_buf()), ..opts.clone() };
         return threads::run(pipeline, &opts, &|p, o| match &o.from_savepoint {
@@ -343,6 +391,57 @@ pub fn deploy(
         opts,
         runtime,
     )
+}
+
+/// The savepoint `sp` as a local folder: one in a shared store (a savepoint of a group,
+/// `s3://.../savepoints/<id>`) is fetched into the pipeline's savepoint folder first.
+fn local_savepoint(pipeline: &Pipeline, sp: Option<&Path>) -> Result<Option<PathBuf>> {
+    match sp {
+        Some(sp) if crate::checkpoint::group::in_store(sp) => {
+            let url = sp.to_string_lossy();
+            let local = crate::checkpoint::group::fetch_url(&url, &pipeline.savepoints.join(".fetched"))?;
+            tracing::info!(savepoint = %url, local = %local.display(), "savepoint of the group fetched");
+            Ok(Some(local))
+        }
+        other => Ok(other.map(Path::to_path_buf)),
+    }
+}
+
+/// An offline deploy into the savepoint of a job that a consumer group shares: every
+/// task opened from the savepoint with the new plugin (its state migrated) and stopped
+/// at once with a savepoint, before reading a record; the job savepoint of them, also
+/// put into the group's store when it has one, is what the group's processes start from
+/// (`km0 run --from-savepoint`).
+fn deploy_into_savepoint(
+    pipeline: &Pipeline,
+    plugin_path: &Path,
+    from_savepoint: &Path,
+    opts: &RunOptions,
+    runtime: &PluginRuntime,
+) -> Result<Summary> {
+    let mut alone = pipeline.clone();
+    alone.checkpoints = None;
+    alone.source = alone.source.bounded();
+    let opts = RunOptions {
+        from_savepoint: Some(from_savepoint.to_path_buf()),
+        stop_with_savepoint_after: Some(0),
+        ..opts.clone()
+    };
+    let mut summary = threads::run(&alone, &opts, &|p, o| match &o.from_savepoint {
+        Some(sp) => open_deploy(p, plugin_path, sp, o, runtime),
+        None => Err(Error::Usage(format!(
+            "the savepoint {} holds no state of task {} to deploy into",
+            from_savepoint.display(),
+            p.task.as_deref().unwrap_or("?")
+        ))),
+    })?;
+    let store = pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref());
+    if let (Some(url), Some(local)) = (store, summary.savepoint.clone()) {
+        let put = crate::checkpoint::group::GroupSavepoints::open(url)?.put(&local, "km0 deploy")?;
+        tracing::info!(local = %local.display(), savepoint = %put, "the deployed savepoint is in the group's store");
+        summary.savepoint = Some(PathBuf::from(put));
+    }
+    Ok(summary)
 }
 
 /// Open a job (or one task of it) from a savepoint with a new plugin version.

@@ -42,6 +42,13 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
         None => (None, (0..threads).map(|_| None).collect::<Vec<_>>(), None),
     };
     let committer = member.as_ref().map(GroupMember::committer);
+    let since_stop = membership.as_ref().and_then(|m| m.savepoints.as_ref()).and_then(|g| {
+        g.last_stop().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "looking for the group's last stop");
+            None
+        })
+    });
+    let opts = &RunOptions { since_stop: since_stop.map(|r| r.id), ..opts.clone() };
     let task_opts = task_options(opts, &tasks, restore, &sp_dir, committer);
     tracing::info!(pipeline = %pipeline.name, tasks = tasks.len(), threads, in_group, "job started as tasks");
     let leave = AtomicBool::new(false);
@@ -57,11 +64,28 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
         stop: Mutex::new(None),
     });
     let (tasks_ref, opts_ref, failed_ref, finished_ref) = (&tasks, &task_opts, &*failed, &finished);
+    let membership_ref = membership.as_deref();
     let outcomes: Vec<std::thread::Result<Result<Driven>>> = std::thread::scope(|s| {
         let fan_thread = fan.as_ref().map(|f| s.spawn(move || f.serve()));
-        // The group's deploy records, followed apart from the group's own thread.
+        // The group's deploy records and savepoints, followed apart from the group's own
+        // thread (a store that does not answer delays no hand-over).
         let deploys_thread = fan.as_ref().filter(|_| member.is_some()).map(|f| {
-            s.spawn(move || membership::follow_deploys(finished_ref, &f.done, &|| f.follow_deploys()))
+            s.spawn(move || {
+                membership::follow_store(finished_ref, &f.done, membership::DEPLOYS_EVERY, &mut || {
+                    f.follow_deploys()
+                })
+            })
+        });
+        let savepoints_thread = fan.as_ref().filter(|_| member.is_some()).map(|f| {
+            s.spawn(move || {
+                let mut followed = super::group_savepoint::Followed::default();
+                membership::follow_store(
+                    finished_ref,
+                    &f.done,
+                    super::group_savepoint::REQUESTS_EVERY,
+                    &mut || f.follow_savepoints(&mut followed),
+                )
+            })
         });
         let member_thread = member.zip(membership.clone()).map(|(member, m)| {
             let flags = (&leave, failed_ref, finished_ref);
@@ -76,7 +100,7 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
                 } else {
                     (t..tasks_ref.len()).step_by(threads).collect()
                 };
-                let thread = Thread { mine, inbox, finished: finished_ref };
+                let thread = Thread { mine, inbox, finished: finished_ref, membership: membership_ref };
                 std::thread::Builder::new()
                     .name(format!("km0-task-thread-{t}"))
                     .spawn_scoped(s, move || drive(thread, tasks_ref, opts_ref, open, failed_ref))
@@ -98,7 +122,7 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
         if let Some(t) = member_thread {
             let _ = t.join();
         }
-        if let Some(t) = deploys_thread {
+        for t in [deploys_thread, savepoints_thread].into_iter().flatten() {
             let _ = t.join();
         }
         out
@@ -153,11 +177,15 @@ fn join_group(
 ) -> Result<(Arc<Membership>, Vec<Receiver<Order>>, GroupMember)> {
     let parts = tasks.iter().map(|t| t.pipeline.source.only_partition()).collect();
     // Live deploys are recorded in the job's shared store for every process.
-    let deploys = match pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref()) {
-        Some(url) => Some(crate::checkpoint::remote::RemoteStore::open(url)?),
-        None => None,
+    // Live deploys and savepoints of the group are recorded in the job's shared store.
+    let stores = match pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref()) {
+        Some(url) => (
+            Some(crate::checkpoint::remote::RemoteStore::open(url)?),
+            Some(crate::checkpoint::group::GroupSavepoints::open(url)?),
+        ),
+        None => (None, None),
     };
-    let (m, inboxes) = Membership::new(group, parts, threads, failed, deploys);
+    let (m, inboxes) = Membership::new(group, parts, threads, failed, stores);
     let member = GroupMember::join(&pipeline.source, m.clone())?;
     Ok((m, inboxes, member))
 }
@@ -255,6 +283,7 @@ struct Thread<'a> {
     mine: Vec<usize>,
     inbox: Option<Receiver<Order>>,
     finished: &'a AtomicBool,
+    membership: Option<&'a Membership>,
 }
 
 /// What one thread did: its tasks' summaries, its CPU time and how long it ran.
@@ -278,19 +307,19 @@ const TURN: usize = 64;
 /// (sleeping only when every one of them waits for input). A task that fails stops the
 /// job: every thread leaves its tasks where they are (as a crash would; each recovers
 /// from its checkpoints).
-fn drive(
-    thread: Thread,
-    tasks: &[Task],
-    opts: &[RunOptions],
-    open: &Open,
-    failed: &AtomicBool,
+fn drive<'j>(
+    thread: Thread<'j>,
+    tasks: &'j [Task],
+    opts: &'j [RunOptions],
+    open: &'j Open,
+    failed: &'j AtomicBool,
 ) -> Result<Driven> {
     let mut d = Driver {
         tasks,
         opts,
         open,
         failed,
-        in_group: thread.inbox.is_some(),
+        membership: thread.membership,
         live: Vec::with_capacity(thread.mine.len()),
         retry: Vec::new(),
         summaries: Vec::with_capacity(thread.mine.len()),
@@ -335,8 +364,8 @@ struct Driver<'j, 'o> {
     opts: &'j [RunOptions],
     open: &'j Open<'o>,
     failed: &'j AtomicBool,
-    /// The group gives this thread its tasks (and takes them away).
-    in_group: bool,
+    /// The group that gives this thread its tasks (and takes them away).
+    membership: Option<&'j Membership>,
     live: Vec<(usize, RunningJob<'j>, Step)>,
     retry: Vec<(usize, Instant)>,
     summaries: Vec<(usize, Summary)>,
@@ -360,9 +389,15 @@ impl<'j> Driver<'j, '_> {
     /// Open task `i` (restored from its checkpoints). In a group, one a newer owner took
     /// already is tried again later (the group moves it away soon).
     fn open_task(&mut self, i: usize) -> Result<()> {
+        if self.membership.is_some_and(|m| !m.may_open(i, &self.tasks[i].name)) {
+            if let Some(h) = &self.opts[i].control {
+                membership::close_port(h);
+            }
+            return Ok(());
+        }
         let job = match (self.open)(&self.tasks[i].pipeline, &self.opts[i]) {
             Ok(job) => job,
-            Err(e @ Error::Fenced { .. }) if self.in_group => {
+            Err(e @ Error::Fenced { .. }) if self.membership.is_some() => {
                 tracing::warn!(task = %self.tasks[i].name, error = %e, "task not opened: another process took it; trying again unless the group moves it");
                 self.retry.push((i, Instant::now() + REOPEN_AFTER));
                 return Ok(());
@@ -424,7 +459,7 @@ impl<'j> Driver<'j, '_> {
         while k < self.live.len() {
             let next = match self.take_turn(k) {
                 Ok(next) => next,
-                Err(e @ Error::Fenced { .. }) if self.in_group => {
+                Err(e @ Error::Fenced { .. }) if self.membership.is_some() => {
                     // Another process took the task (the group moved its partition while
                     // this one still ran it): it is dropped here, as a crash would drop
                     // it, and goes on there.
@@ -522,7 +557,8 @@ fn finish(
     sum.cpu = cpu;
     sum.elapsed = elapsed;
     sum.savepoint = None;
-    if saved.iter().any(|(_, p)| p.is_some()) {
+    // A process of a group holds only its share: the group's savepoint is in its store.
+    if !in_group && saved.iter().any(|(_, p)| p.is_some()) {
         let path = savepoint_path(sp_dir, sum.counters.read);
         savepoint::write_tasks(&path, &pipeline.name, &saved)?;
         tracing::info!(path = %path.display(), tasks = saved.len(), "job savepoint written");

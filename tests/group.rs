@@ -832,8 +832,13 @@ fn an_offline_deploy_into_a_groups_savepoint_starts_the_group_on_the_new_plugin(
     let store = "s3://km0/jobs/dep";
     let group = "km0-dep";
     let sink = format!("kind = \"postgres\"\nurl = \"{}\"\ntable = \"alertas\"", pg.url());
-    let pipeline =
-        |m: &str| job(&dir.path().join(m), &kafka_source(&broker, group), &sink, &s3_checkpoints(store));
+    // The group started again joins a consumer group of its own name: tansu 0.6 at times
+    // assigns nothing for minutes to a member that joins a group all of whose members
+    // have just left (the tasks' positions come from the savepoint either way).
+    let pipeline = |m: &str| {
+        let group = if m == "alone" { "km0-dep-again" } else { group };
+        job(&dir.path().join(m), &kafka_source(&broker, group), &sink, &s3_checkpoints(store))
+    };
     let start =
         |m: &str, args: &[&str]| Member::start_with(&pipeline(m), &env, logs.join(format!("{m}.log")), args);
     let members: Vec<Member> = ["a", "b", "c"].iter().map(|m| start(m, &["--parallelism", "2"])).collect();
@@ -885,6 +890,16 @@ fn an_offline_deploy_into_a_groups_savepoint_starts_the_group_on_the_new_plugin(
         plugins.len() == PARTITIONS && plugins.iter().all(|p| p.starts_with("min-stock 0.2")),
         "{plugins:?}"
     );
+    // The job is on one version: every task on it, in the status and in /metrics.
+    let on = s["aggregations"][0]["tasks_on"].as_object().cloned().unwrap_or_default();
+    assert!(on.len() == 1 && on.values().next() == Some(&serde_json::json!(PARTITIONS)), "{on:?}");
+    let metrics = km0::control::client::call(&alone.url, "GET", "/metrics", None).unwrap().1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("km0_plugin_tasks{") && l.contains("min-stock 0.2") && l.ends_with(" 6")),
+        "{metrics}"
+    );
     km0_ok(&["stop", "--job", &alone.url], &env, &logs);
     all_exit(vec![alone]);
 
@@ -904,4 +919,70 @@ fn an_offline_deploy_into_a_groups_savepoint_starts_the_group_on_the_new_plugin(
         }
     }
     assert!(v2 > 50, "windows fired by v2: {v2}");
+}
+
+/// With the checkpoint store frozen (SIGSTOP), a SIGTERM to one of two processes is acted
+/// on at once: its hand-over waits for the store until its deadline (5 s), then lets the
+/// tasks go without their checkpoint, the process leaves and exits, and the other owns
+/// every partition; once the store answers again, that one restores the tasks from
+/// their last checkpoints, and the PostgreSQL table equals one process's run.
+#[test]
+fn a_sigterm_while_the_store_is_frozen_hands_over_by_its_deadline() {
+    let broker = Tansu::start();
+    broker.create_topic(TOPIC, PARTITIONS as i32);
+    let s3 = S3::start("km0");
+    let pg = km0_e2e::services::Postgres::start();
+    let env = s3.env();
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let parts = stream(50_000, 61);
+    let want = file_run(&dir.path().join("files"), &parts);
+    let group = "km0-frozen";
+    let sink = format!("kind = \"postgres\"\nurl = \"{}\"\ntable = \"alertas\"", pg.url());
+    let start = |m: &str| {
+        let p = job(
+            &dir.path().join(m),
+            &kafka_source(&broker, group),
+            &sink,
+            &s3_checkpoints("s3://km0/jobs/frozen"),
+        );
+        Member::start(&p, &env, logs.join(format!("{m}.log")))
+    };
+    let producer = produce_slowly(broker.brokers.clone(), parts, 10, Duration::from_millis(400));
+    let (a, b) = (start("a"), start("b"));
+    let t = Instant::now();
+    while !(a.owns().len() == 3 && b.owns().len() == 3 && read_by(&[&a]) > 2_000 && read_by(&[&b]) > 2_000) {
+        assert!(t.elapsed() < Duration::from_secs(90), "not settled: {}", all_logs(&a.log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s3.freeze(true);
+    let t = Instant::now();
+    a.signal_stop();
+    let log = a.wait();
+    let exited = t.elapsed();
+    let t_owned = Instant::now();
+    while b.owns().len() != PARTITIONS {
+        assert!(t_owned.elapsed() < Duration::from_secs(30), "b owns {:?}", b.owns());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let owned = t.elapsed();
+    eprintln!("store frozen: SIGTERM to exit {exited:?}, to the other owning every partition {owned:?}");
+    assert!(exited < Duration::from_secs(15), "the member took {exited:?} to leave: {log}");
+    assert!(log.contains("hand-over"), "{log}");
+    std::thread::sleep(Duration::from_secs(2));
+    s3.freeze(false);
+    producer.join().unwrap();
+    let mut members = vec![b];
+    wait_committed(&broker, group, &mut members, Duration::from_secs(120));
+    for m in members {
+        m.stop();
+    }
+    let got: BTreeMap<String, serde_json::Value> = pg
+        .query("SELECT key, value::text FROM alertas ORDER BY key")
+        .iter()
+        .map(|r| (r[0].clone(), serde_json::from_str(&r[1]).unwrap()))
+        .collect();
+    assert_eq!(got.len(), want.len(), "rows");
+    assert!(got == want, "the table differs from one process's run");
 }

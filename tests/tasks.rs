@@ -688,3 +688,83 @@ fn rocksdb_checkpoints_in_s3_share_their_table_files_and_recover_after_sigkills(
     let lists = keys.iter().filter(|k| k.ends_with(".shared")).count();
     assert!(shared > 0 && lists > 0, "{keys:?}");
 }
+
+/// A live deploy into a job of tasks is two-phase: every task first checks that the new
+/// plugin takes its state, and none swaps unless all do. `min-stock-broken` (state schema
+/// 3) cannot migrate any accumulator: the two tasks whose partitions are empty yet hold
+/// none and would take it, the third holds an open window and refuses, so no task swaps,
+/// the reply names the refusing task and why, and every task still runs min-stock 0.1.
+#[test]
+fn a_live_deploy_that_one_task_refuses_swaps_in_no_task() {
+    const TOKEN: &str = "tw0ph4se";
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = 1_757_836_800_000i64;
+    let event = |producto: &str, stock: i64, t: i64| {
+        format!(
+            "{{\"tipo\":\"stock.actualizado\",\"producto\":\"{producto}\",\"mercado\":\"m\",\"stock_actual\":{stock},\"delta\":-1,\"fecha_ms\":{t}}}\n"
+        )
+    };
+    // Partitions 0 and 1: nothing yet; partition 2: an open window.
+    let parts: Vec<PathBuf> = (0..3)
+        .map(|p| {
+            let text: String = match p {
+                2 => (0..20).map(|i| event("p2", 5 + i, t0 + i * 1_000)).collect(),
+                _ => String::new(),
+            };
+            let path = dir.path().join(format!("live-{p}.jsonl"));
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect();
+    let job = task_job(&dir.path().join("job"), &parts, "");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let child = Command::new(km0_bin())
+        .arg("run")
+        .arg(&job)
+        .args(["--follow", "--parallelism", "2", "--http", &format!("127.0.0.1:{port}")])
+        .env("KM0_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = || -> serde_json::Value {
+        km0::control::client::call(&url, "GET", "/api/v1/job", None)
+            .ok()
+            .filter(|(code, _)| *code == 200)
+            .and_then(|(_, body)| serde_json::from_str(&body).ok())
+            .unwrap_or_default()
+    };
+    let t = Instant::now();
+    while status()["counters"]["read"] != 20 {
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", status());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = status();
+    let open: Vec<u64> = (0..3).map(|t| s["tasks"][t]["open_windows"].as_u64().unwrap_or(99)).collect();
+    assert_eq!(open, [0, 0, 1], "{s}");
+
+    let bytes = std::fs::read(plugin("min-stock-broken")).unwrap();
+    let (code, body) =
+        km0::control::client::send(&url, "POST", "/api/v1/deployments", Some(TOKEN), &bytes).unwrap();
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("task task-2") && body.contains("no task swapped it in"), "{body}");
+    assert!(!body.contains("task task-0") && !body.contains("task task-1"), "{body}");
+    let s = status();
+    let plugins: Vec<&str> = (0..3).filter_map(|t| s["tasks"][t]["plugins"][0].as_str()).collect();
+    assert!(plugins.len() == 3 && plugins.iter().all(|p| p.starts_with("min-stock 0.1")), "{plugins:?}");
+    let on = s["aggregations"][0]["tasks_on"].as_object().cloned().unwrap_or_default();
+    assert_eq!(on.len(), 1, "{on:?}");
+
+    // The job goes on: min-stock-v2 (which migrates) is taken by every task.
+    let bytes = std::fs::read(plugin("min-stock-v2")).unwrap();
+    let (code, body) =
+        km0::control::client::send(&url, "POST", "/api/v1/deployments", Some(TOKEN), &bytes).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let on = status()["aggregations"][0]["tasks_on"].as_object().cloned().unwrap_or_default();
+    assert!(on.len() == 1 && on.keys().all(|v| v.starts_with("min-stock 0.2")), "{on:?}");
+    let (code, body) = km0::control::client::call(&url, "POST", "/api/v1/stop", Some(TOKEN)).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -201,6 +201,11 @@ pub enum Refusal {
     /// The job has not started its loop yet.
     #[error("the job is starting; try again")]
     Starting,
+
+    /// Tasks of a job of several refused a deploy (each with why), so none swapped it in;
+    /// `first` is the first one's refusal.
+    #[error("tasks refused the new plugin, so no task swapped it in: {}", tasks.join("; "))]
+    InTasks { tasks: Vec<String>, first: Box<Refusal> },
 }
 
 impl From<Refusal> for Error {

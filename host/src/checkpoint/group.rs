@@ -68,6 +68,11 @@ impl GroupSavepoints {
         Ok(GroupSavepoints { store: RemoteStore::open(url)? })
     }
 
+    /// Calls to the store under way and to come give up at `at`.
+    pub fn give_up_at(&self, at: std::time::Instant) {
+        self.store.give_up_at(at);
+    }
+
     /// A savepoint's URL (what `km0 run --from-savepoint` takes).
     pub fn url_of(&self, id: &str) -> String {
         format!("{}/{FOLDER}/{id}", self.store.url().trim_end_matches('/'))

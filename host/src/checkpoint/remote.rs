@@ -46,6 +46,28 @@ struct Inner {
     shared: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
+/// The calls of this process to the store at `url` wait for it again (the group gave
+/// the task back to this process).
+pub fn wait_again(url: &str) {
+    if let Ok(mut g) = GIVE_UP.lock() {
+        g.retain(|(u, _)| u != url);
+    }
+}
+
+/// When the calls of this process to a store (by URL) give up ([`give_up`]).
+static GIVE_UP: std::sync::Mutex<Vec<(String, std::time::Instant)>> = std::sync::Mutex::new(Vec::new());
+
+/// The calls of this process to the store at `url`, under way (on any thread) and to
+/// come, give up at `at`: a task handed over to another process waits for the store only
+/// so long, and so does a process that leaves its group ([`wait_again`] when the task is
+/// given back).
+pub fn give_up(url: &str, at: std::time::Instant) {
+    if let Ok(mut g) = GIVE_UP.lock() {
+        g.retain(|(u, _)| u != url);
+        g.push((url.to_string(), at));
+    }
+}
+
 impl std::fmt::Debug for RemoteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "RemoteStore({})", self.inner.url)
@@ -195,11 +217,35 @@ impl RemoteStore {
         self.inner.prefix.child(format!("chk-{n:06}"))
     }
 
+    /// Run a call to the store to its end, or until the give-up time passes.
     fn block<T>(
         &self,
         f: impl std::future::Future<Output = object_store::Result<T>>,
     ) -> object_store::Result<T> {
-        self.inner.rt.block_on(f)
+        let url = &self.inner.url;
+        let passed = || {
+            let now = std::time::Instant::now();
+            GIVE_UP.lock().is_ok_and(|g| g.iter().any(|(u, at)| u == url && now >= *at))
+        };
+        self.inner.rt.block_on(async {
+            tokio::pin!(f);
+            loop {
+                tokio::select! {
+                    r = &mut f => return r,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(50)) => if passed() {
+                        return Err(object_store::Error::Generic {
+                            store: "S3",
+                            source: "the store did not answer before the hand-over's deadline".into(),
+                        });
+                    }
+                }
+            }
+        })
+    }
+
+    /// Calls to the store under way and to come give up at `at` ([`give_up`]).
+    pub fn give_up_at(&self, at: std::time::Instant) {
+        give_up(&self.inner.url, at);
     }
 
     /// Take the task: claim the next generation (`<prefix>/generations/G`, created only

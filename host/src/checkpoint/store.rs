@@ -121,6 +121,13 @@ impl Checkpoints {
         }
     }
 
+    /// Calls to the shared store give up at `at` (a hand-over's deadline).
+    pub fn give_up_at(&self, at: std::time::Instant) {
+        if let Some(r) = &self.remote {
+            r.give_up_at(at);
+        }
+    }
+
     /// Take the task's checkpoints in the shared store (fencing a previous owner).
     pub fn claim(&self) -> Result<Option<u64>> {
         match &self.remote {

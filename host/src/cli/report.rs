@@ -79,6 +79,10 @@ fn print_aggregation(a: &serde_json::Value) {
         a["open_windows"],
         a["keys"]
     );
+    if let Some(on) = a["tasks_on"].as_object().filter(|on| on.len() > 1) {
+        let each: Vec<String> = on.iter().map(|(v, n)| format!("{v} in {n} tasks")).collect();
+        println!("    tasks on different versions (a deploy under way): {}", each.join(", "));
+    }
     if a["quarantined"].as_u64().unwrap_or(0) > 0 {
         let keys: Vec<String> = a["quarantined_keys"]
             .as_array()

@@ -311,6 +311,21 @@ fn aggregations(m: &mut Metrics<'_>, status: &JobStatus) {
         })
         .collect();
     m.gauges("plugin_info", "The plugin each aggregation runs (value 1)", None, &plugins);
+    let versions: Vec<_> = status
+        .aggregations
+        .iter()
+        .flat_map(|a| {
+            a.tasks_on.iter().map(move |(v, n)| {
+                (vec![("aggregation", a.name.as_str()), ("plugin", v.as_str())], *n as f64)
+            })
+        })
+        .collect();
+    m.gauges(
+        "plugin_tasks",
+        "Tasks of this process that run each plugin version (`name version`): one series per aggregation when the job is on one version",
+        None,
+        &versions,
+    );
 }
 
 /// Each aggregation's plugin calls: how long they take, which failed; a shadow's verdicts.

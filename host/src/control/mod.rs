@@ -493,26 +493,31 @@ fn refusal(refused: Refused) -> Response {
 
 fn status_of(refused: &Refused) -> StatusCode {
     match refused {
-        Refused::Upgrade(r) => match r {
-            Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::NotAPlugin(_) => StatusCode::BAD_REQUEST,
-            Refusal::NoAggregation { .. } => StatusCode::NOT_FOUND,
-            Refusal::OtherLogic { .. } | Refusal::ReplacesNothing { .. } => StatusCode::CONFLICT,
-            Refusal::Starting => StatusCode::SERVICE_UNAVAILABLE,
-            Refusal::NotStored(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Refusal::NoState(_)
-            | Refusal::OtherPipeline { .. }
-            | Refusal::KeyArity { .. }
-            | Refusal::KeyFields { .. }
-            | Refusal::UnfitRows { .. }
-            | Refusal::Migration { .. }
-            | Refusal::SchemaChanged { .. }
-            | Refusal::Configure { .. }
-            | Refusal::Fields(_) => StatusCode::UNPROCESSABLE_ENTITY,
-        },
+        Refused::Upgrade(r) => refusal_status(r),
         Refused::Closed(_) => StatusCode::CONFLICT,
         Refused::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
         Refused::NotFound(_) => StatusCode::NOT_FOUND,
+    }
+}
+
+fn refusal_status(r: &Refusal) -> StatusCode {
+    match r {
+        Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Refusal::NotAPlugin(_) => StatusCode::BAD_REQUEST,
+        Refusal::NoAggregation { .. } => StatusCode::NOT_FOUND,
+        Refusal::OtherLogic { .. } | Refusal::ReplacesNothing { .. } => StatusCode::CONFLICT,
+        Refusal::Starting => StatusCode::SERVICE_UNAVAILABLE,
+        Refusal::NotStored(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        Refusal::NoState(_)
+        | Refusal::OtherPipeline { .. }
+        | Refusal::KeyArity { .. }
+        | Refusal::KeyFields { .. }
+        | Refusal::UnfitRows { .. }
+        | Refusal::Migration { .. }
+        | Refusal::SchemaChanged { .. }
+        | Refusal::Configure { .. }
+        | Refusal::Fields(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        Refusal::InTasks { first, .. } => refusal_status(first),
     }
 }
 

@@ -26,6 +26,14 @@ pub enum Command {
     Stop { mode: StopMode, reply: Sender<Result<Option<PathBuf>, Refused>> },
     /// Swap in a new plugin (prepared off the job's thread by [`super::deployment::Deployer`]).
     Deploy { deployment: super::deployment::Deployment, reply: Sender<Result<Deployed, Refused>> },
+    /// The first phase of a deploy into a job of tasks: check at the next record boundary
+    /// that the new plugin takes this task's state (key fields, held rows, every
+    /// accumulator migrated and thrown away), swapping nothing; the deployment comes back
+    /// when it does, for the second phase's [`Command::Deploy`].
+    Prepare {
+        deployment: super::deployment::Deployment,
+        reply: Sender<Result<super::deployment::Deployment, Refused>>,
+    },
     /// Run a new plugin as a shadow of the current one (job/shadow.rs).
     Shadow { deployment: super::deployment::Deployment, reply: Sender<Result<ShadowStatus, Refused>> },
     /// Swap the shadow in (a live deploy with warm accumulators).
@@ -45,6 +53,7 @@ impl Command {
             Command::Savepoint { reply } => drop(reply.send(Err(refused))),
             Command::Stop { reply, .. } => drop(reply.send(Err(refused))),
             Command::Deploy { reply, .. } => drop(reply.send(Err(refused))),
+            Command::Prepare { reply, .. } => drop(reply.send(Err(refused))),
             Command::Release { reply, .. } => drop(reply.send(Err(refused))),
             Command::Shadow { reply, .. } => drop(reply.send(Err(refused))),
             Command::Promote { reply } => drop(reply.send(Err(refused))),
@@ -189,6 +198,9 @@ pub struct AggregationStatus {
     /// Faults of keys not followed because as many were: dead-lettered, never
     /// quarantined.
     pub faults_untracked: u64,
+    /// How many of the job's tasks run each plugin version (`name version`): one entry
+    /// when every task is on the same one, which is the job's version.
+    pub tasks_on: std::collections::BTreeMap<String, usize>,
 }
 
 /// One checkpoint of this run.
@@ -347,6 +359,9 @@ impl AggregationStatus {
     /// Add another task's state of the same aggregation (the latest quarantined keys of
     /// both listed).
     pub fn add(&mut self, a: &AggregationStatus) {
+        for (version, n) in &a.tasks_on {
+            *self.tasks_on.entry(version.clone()).or_default() += n;
+        }
         self.open_windows += a.open_windows;
         self.keys += a.keys;
         self.state_bytes += a.state_bytes;
@@ -584,6 +599,7 @@ mod tests {
                 quarantined_keys: Vec::new(),
                 faulted_keys: 2,
                 faults_untracked: 3,
+                tasks_on: [("min-stock 0.1.0".to_string(), 1)].into(),
             });
             s
         };

@@ -78,6 +78,9 @@ impl Fan<'_> {
                     let released = self.release(aggregation, key);
                     answer = Some(Box::new(move || drop(reply.send(released))));
                 }
+                Some(command @ Command::Prepare { .. }) => {
+                    command.refuse("a job's deploys are prepared by its own port");
+                }
                 Some(
                     command @ (Command::Shadow { .. } | Command::Promote { .. } | Command::Abandon { .. }),
                 ) => {
@@ -204,6 +207,9 @@ impl Fan<'_> {
         for t in &live {
             each.push(deployer.again(&d, t.checkpoints.as_deref())?);
         }
+        // Two phases: every task checks that it takes the new plugin (its state migrated
+        // and thrown away); only when every one does does any swap.
+        let each = prepare(&live, each)?;
         let asked: Vec<_> = live
             .iter()
             .zip(each)
@@ -222,8 +228,10 @@ impl Fan<'_> {
             }
         }
         if let Some((name, e)) = refused.into_iter().next() {
+            // Prepared, then refused at the swap: the task's state changed in between (a
+            // key whose state the new plugin cannot take arrived meanwhile).
             let others: Vec<&str> = swapped.iter().map(|(t, _)| t.name.as_str()).collect();
-            tracing::error!(task = %name, error = %e, swapped = ?others, "a task refused the deploy");
+            tracing::error!(task = %name, error = %e, swapped = ?others, "a task refused the deploy it had prepared");
             return Err(match (e, others.is_empty()) {
                 (e, true) => e,
                 (e, false) => Refused::Failed(format!(
@@ -416,6 +424,52 @@ impl Fan<'_> {
             .as_ref()
             .map(|m| m.status(job.tasks.iter().map(|t| t.partition.clone()).collect()));
         job
+    }
+}
+
+/// The first phase of a deploy into `tasks`: each one's deployment checked against its
+/// state, every task asked at once; the deployments back when every task takes it, else
+/// every refusing task and why (no task has swapped anything).
+fn prepare(
+    tasks: &[&TaskPort],
+    each: Vec<super::deployment::Deployment>,
+) -> std::result::Result<Vec<super::deployment::Deployment>, Refused> {
+    let asked: Vec<_> = tasks
+        .iter()
+        .zip(each)
+        .map(|(t, deployment)| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            send(&t.handle, Command::Prepare { deployment, reply: tx });
+            rx
+        })
+        .collect();
+    let mut ready = Vec::with_capacity(tasks.len());
+    let mut refused = Vec::new();
+    for (t, rx) in tasks.iter().zip(asked) {
+        match wait(&t.handle, &rx) {
+            Ok(d) => ready.push(d),
+            Err(e) => refused.push((t.name.as_str(), e)),
+        }
+    }
+    match refused.len() {
+        0 => Ok(ready),
+        // One task's refusal is the deploy's (its kind kept: a state it cannot take is a 422).
+        1 if tasks.len() == 1 => Err(refused.remove(0).1),
+        _ => {
+            let why: Vec<String> = refused.iter().map(|(t, e)| format!("task {t}: {e}")).collect();
+            tracing::error!(refused = ?why, "tasks refused the deploy: no task swapped it in");
+            Err(match refused.remove(0).1 {
+                Refused::Upgrade(r) => {
+                    Refused::Upgrade(super::upgrade::Refusal::InTasks { tasks: why, first: Box::new(r) })
+                }
+                _ => Refused::Failed(format!(
+                    "{} of {} tasks refused the new plugin, so no task swapped it in: {}",
+                    why.len(),
+                    tasks.len(),
+                    why.join("; ")
+                )),
+            })
+        }
     }
 }
 

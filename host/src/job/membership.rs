@@ -16,15 +16,21 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a hand-over waits for the checkpoint store: past it, the tasks are let go
+/// without their checkpoint (the next owner replays from the last one, and the
+/// exactly-once sinks absorb the replay), so a store that does not answer delays no
+/// rebalance for longer.
+pub(super) const HAND_OVER_DEADLINE: Duration = Duration::from_secs(5);
 
 /// What a thread is asked to do with one of the job's tasks.
 pub(super) enum Order {
     /// Open the task (restored from its checkpoints) and run it.
     Open(usize),
-    /// Let the task go, checkpointed first unless the partition is already another's;
-    /// `done` is dropped once it is.
-    Release { task: usize, checkpoint: bool, done: Sender<()> },
+    /// Let the task go, checkpointed first (waiting for the store until the deadline
+    /// given) unless the partition is already another's; `done` is dropped once it is.
+    Release { task: usize, checkpoint: Option<Instant>, done: Sender<()> },
 }
 
 /// Whether the job's tasks are shared with a consumer group: an unbounded Kafka source
@@ -54,6 +60,8 @@ pub(super) fn check(pipeline: &Pipeline, opts: &RunOptions) -> Result<()> {
 pub(super) struct Membership {
     /// Each partition's task.
     tasks: HashMap<TopicPartition, usize>,
+    /// Each task's checkpoint store (a URL), if shared.
+    stores: Vec<Option<String>>,
     /// Each thread's orders.
     threads: Vec<Mutex<Sender<Order>>>,
     /// Each task's thread, while this process owns it.
@@ -85,7 +93,7 @@ impl Membership {
     /// threads, with their order queues.
     pub(super) fn new(
         group: &str,
-        partitions: Vec<TopicPartition>,
+        partitions: Vec<(TopicPartition, Option<String>)>,
         threads: usize,
         failed: Arc<AtomicBool>,
         stores: (
@@ -98,7 +106,8 @@ impl Membership {
         let owned = partitions.iter().map(|_| Arc::new(AtomicBool::new(false))).collect();
         let stopped = partitions.iter().map(|_| AtomicBool::new(false)).collect();
         let m = Membership {
-            tasks: partitions.into_iter().enumerate().map(|(i, p)| (p, i)).collect(),
+            stores: partitions.iter().map(|(_, s)| s.clone()).collect(),
+            tasks: partitions.into_iter().enumerate().map(|(i, (p, _))| (p, i)).collect(),
             threads: senders.into_iter().map(Mutex::new).collect(),
             placed: Mutex::default(),
             owned,
@@ -188,6 +197,9 @@ impl Owner for Membership {
             }
             let thread = (0..load.len()).min_by_key(|&t| (load[t], t)).unwrap_or(0);
             placed.insert(i, thread);
+            if let Some(url) = self.stores.get(i).and_then(Option::as_deref) {
+                crate::checkpoint::remote::wait_again(url);
+            }
             self.assigned.fetch_add(1, Ordering::Relaxed);
             self.owned[i].store(true, Ordering::SeqCst);
             self.order(thread, Order::Open(i));
@@ -196,13 +208,19 @@ impl Owner for Membership {
 
     fn revoked(&self, partitions: &[TopicPartition], lost: bool) {
         let mut waiting = Vec::new();
+        let deadline = Instant::now() + HAND_OVER_DEADLINE;
         if let Ok(mut placed) = self.placed.lock() {
             for p in partitions {
                 let Some(i) = self.tasks.get(p).copied() else { continue };
                 if let Some(thread) = placed.remove(&i) {
                     self.revoked.fetch_add(1, Ordering::Relaxed);
                     let (done, released) = channel();
-                    self.order(thread, Order::Release { task: i, checkpoint: !lost, done });
+                    let checkpoint = (!lost).then_some(deadline);
+                    // Its thread may be inside a checkpoint's upload already.
+                    if let Some(url) = self.stores.get(i).and_then(Option::as_deref) {
+                        crate::checkpoint::remote::give_up(url, deadline);
+                    }
+                    self.order(thread, Order::Release { task: i, checkpoint, done });
                     waiting.push((i, released));
                 }
             }
@@ -213,7 +231,12 @@ impl Owner for Membership {
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                 released.recv_timeout(Duration::from_millis(50))
             {
-                if self.failed.load(Ordering::SeqCst) {
+                // A thread still in the store's calls past the deadline gives up in a moment.
+                if self.failed.load(Ordering::SeqCst) || Instant::now() > deadline + Duration::from_secs(2) {
+                    tracing::warn!(
+                        task = i,
+                        "the task's hand-over did not finish by its deadline: released anyway"
+                    );
                     break;
                 }
             }
@@ -243,6 +266,14 @@ pub(super) fn serve(
     }
     if !failed.load(Ordering::SeqCst) {
         member.leave();
+    }
+    // The deploys and savepoints followers stop waiting for a store that does not answer.
+    let now = Instant::now();
+    if let Some(d) = &membership.deploys {
+        d.give_up_at(now);
+    }
+    if let Some(g) = &membership.savepoints {
+        g.give_up_at(now);
     }
     finished.store(true, Ordering::SeqCst);
 }
@@ -285,7 +316,8 @@ mod tests {
     #[test]
     fn assigned_partitions_open_on_the_least_loaded_thread_and_revoked_ones_are_released_first() {
         let failed = Arc::new(AtomicBool::new(false));
-        let (m, inboxes) = Membership::new("g", parts(5), 2, failed, (None, None));
+        let (m, inboxes) =
+            Membership::new("g", parts(5).into_iter().map(|p| (p, None)).collect(), 2, failed, (None, None));
         m.assigned(&parts(3));
         let opened = |rx: &Receiver<Order>| -> Vec<usize> {
             rx.try_iter()
@@ -308,7 +340,7 @@ mod tests {
             std::thread::spawn(move || match rx.recv_timeout(Duration::from_secs(5)) {
                 Ok(Order::Release { task, checkpoint, done }) => {
                     drop(done);
-                    (task, checkpoint)
+                    (task, checkpoint.is_some())
                 }
                 _ => (usize::MAX, false),
             })

@@ -183,6 +183,11 @@ impl LoopControl {
             let done = match command {
                 Command::Savepoint { reply } => self.savepoint(running, reply),
                 Command::Deploy { deployment, reply } => self.deploy(running, deployment, reply),
+                Command::Prepare { mut deployment, reply } => {
+                    let ready = running.prepare_swap(&mut deployment).map(|()| deployment);
+                    let _ = reply.send(ready);
+                    Ok(())
+                }
                 Command::Shadow { deployment, reply } => {
                     self.shadow(running, deployment, reply);
                     Ok(())

@@ -154,6 +154,26 @@ impl Engine {
         })
     }
 
+    /// The checks of a swap and its migrations, every converted accumulator thrown away:
+    /// what a task of a two-phase deploy says before any task swaps (see
+    /// [`super::commands::Command::Prepare`]).
+    pub(super) fn prepare_swap(
+        &mut self,
+        pipeline: &Pipeline,
+        d: &mut Deployment,
+    ) -> std::result::Result<(), Refused> {
+        self.check_swap(pipeline, d)?;
+        for (i, plugin) in &mut d.plugins {
+            let (old, new) = (self.ops[*i].identity().clone(), plugin.identity().clone());
+            if old.state_schema != new.state_schema {
+                self.ops[*i]
+                    .migrated(plugin, old.state_schema)
+                    .map_err(|e| Refused::from(upgrade::migration_failed(&old, &new, e)))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Swap in a deployment's plugins at this record boundary (see the module's text).
     pub(super) fn swap(
         &mut self,

@@ -175,7 +175,15 @@ fn join_group(
     threads: usize,
     failed: Arc<AtomicBool>,
 ) -> Result<(Arc<Membership>, Vec<Receiver<Order>>, GroupMember)> {
-    let parts = tasks.iter().map(|t| t.pipeline.source.only_partition()).collect();
+    let parts = tasks
+        .iter()
+        .map(|t| {
+            (
+                t.pipeline.source.only_partition(),
+                t.pipeline.checkpoints.as_ref().and_then(|c| c.remote.clone()),
+            )
+        })
+        .collect();
     // Live deploys are recorded in the job's shared store for every process.
     // Live deploys and savepoints of the group are recorded in the job's shared store.
     let stores = match pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref()) {
@@ -402,6 +410,15 @@ impl<'j> Driver<'j, '_> {
                 self.retry.push((i, Instant::now() + REOPEN_AFTER));
                 return Ok(());
             }
+            // The group took the task away while it opened (a hand-over's deadline ends
+            // the store's calls): it is not this process's to run.
+            Err(e) if self.membership.is_some_and(|m| m.thread_of(i).is_none()) => {
+                tracing::warn!(task = %self.tasks[i].name, error = %e, "task not opened: the group took it away meanwhile");
+                if let Some(h) = &self.opts[i].control {
+                    membership::close_port(h);
+                }
+                return Ok(());
+            }
             Err(e) => return Err(self.fail(e, i)),
         };
         let step = job.first_step();
@@ -433,8 +450,9 @@ impl<'j> Driver<'j, '_> {
         Ok(())
     }
 
-    /// Let `task` go (the group moved it), checkpointed first with `checkpoint`.
-    fn release(&mut self, task: usize, checkpoint: bool) {
+    /// Let `task` go (the group moved it), checkpointed first with `checkpoint` (by its
+    /// deadline).
+    fn release(&mut self, task: usize, checkpoint: Option<Instant>) {
         self.retry.retain(|(i, _)| *i != task);
         let Some(k) = self.live.iter().position(|(i, _, _)| *i == task) else { return };
         let (i, job, _) = self.live.remove(k);
@@ -449,7 +467,7 @@ impl<'j> Driver<'j, '_> {
         if let Some(h) = &self.opts[i].control {
             membership::close_port(h);
         }
-        tracing::info!(task = %self.tasks[i].name, checkpointed = checkpoint, "task handed over");
+        tracing::info!(task = %self.tasks[i].name, checkpointed = checkpoint.is_some(), "task handed over");
     }
 
     /// Give every live task its turn; sleep when all of them wait for input.
@@ -466,6 +484,16 @@ impl<'j> Driver<'j, '_> {
                     let (i, _, _) = self.live.remove(k);
                     tracing::warn!(task = %self.tasks[i].name, error = %e, "task dropped: another process took it; trying again unless the group moves it");
                     self.retry.push((i, Instant::now() + REOPEN_AFTER));
+                    if let Some(h) = &self.opts[i].control {
+                        membership::close_port(h);
+                    }
+                    continue;
+                }
+                // The group took the task away and the hand-over's deadline ended the
+                // store's calls of a checkpoint under way: let go as a crash would.
+                Err(e) if self.membership.is_some_and(|m| m.thread_of(self.live[k].0).is_none()) => {
+                    let (i, _, _) = self.live.remove(k);
+                    tracing::warn!(task = %self.tasks[i].name, error = %e, "task let go without its hand-over checkpoint");
                     if let Some(h) = &self.opts[i].control {
                         membership::close_port(h);
                     }

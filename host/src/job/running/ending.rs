@@ -46,11 +46,16 @@ impl RunningJob<'_> {
         Ok(self.summary(true))
     }
 
-    /// Let the task go (its partition was revoked): with `checkpoint`, what it has read is
-    /// checkpointed and committed first, so that the next owner restores from here; without
-    /// (the partition is already another's), it is dropped as a crash would drop it. Open
-    /// windows are not fired: they go on with the next owner.
-    pub(in crate::job) fn release(mut self, checkpoint: bool) -> Result<Summary> {
+    /// Let the task go (its partition was revoked): with a `deadline`, what it has read is
+    /// checkpointed and committed first, so that the next owner restores from here (the
+    /// store's calls give up at the deadline: the task is then let go as a crash would let
+    /// it go); without (the partition is already another's), it is dropped as a crash
+    /// would drop it. Open windows are not fired: they go on with the next owner.
+    pub(in crate::job) fn release(mut self, deadline: Option<std::time::Instant>) -> Result<Summary> {
+        let checkpoint = deadline.is_some();
+        if let (Some(at), Some(c)) = (deadline, &self.checkpoints) {
+            c.store.give_up_at(at);
+        }
         if checkpoint {
             self.complete_snapshot(true)?;
             // A task that read nothing since its last checkpoint (now complete) hands that

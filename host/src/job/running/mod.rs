@@ -388,6 +388,12 @@ impl<'p> RunningJob<'p> {
         )
     }
 
+    /// Whether a deployment's plugins would be swapped in here, swapping nothing
+    /// ([`super::swap`]).
+    pub(super) fn prepare_swap(&mut self, d: &mut Deployment) -> std::result::Result<(), Refused> {
+        self.job.prepare_swap(self.pipeline, d)
+    }
+
     /// Swap in a deployment's plugins at this record boundary ([`super::swap`]).
     pub(super) fn swap(&mut self, d: Deployment) -> std::result::Result<Swapped, NotSwapped> {
         self.job.swap(self.pipeline, &self.source, self.checkpoints.as_mut(), d, &self.savepoint_dir)
@@ -483,6 +489,7 @@ impl<'p> RunningJob<'p> {
                     quarantined_keys: op.quarantined(crate::window::operator::QUARANTINE_LISTED).1,
                     faulted_keys: op.faults_followed().0,
                     faults_untracked: op.faults_followed().1,
+                    tasks_on: [(format!("{} {}", op.identity().name, op.identity().version), 1)].into(),
                 })
                 .collect(),
             checkpoints: self.stats.count,

@@ -895,9 +895,9 @@ fn an_offline_deploy_into_a_groups_savepoint_starts_the_group_on_the_new_plugin(
     assert!(on.len() == 1 && on.values().next() == Some(&serde_json::json!(PARTITIONS)), "{on:?}");
     let metrics = km0::control::client::call(&alone.url, "GET", "/metrics", None).unwrap().1;
     assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("km0_plugin_tasks{") && l.contains("min-stock 0.2") && l.ends_with(" 6")),
+        metrics.lines().any(|l| l.starts_with("km0_plugin_tasks{")
+            && l.contains("min-stock 0.2")
+            && l.ends_with(" 6.0")),
         "{metrics}"
     );
     km0_ok(&["stop", "--job", &alone.url], &env, &logs);
@@ -985,4 +985,84 @@ fn a_sigterm_while_the_store_is_frozen_hands_over_by_its_deadline() {
         .collect();
     assert_eq!(got.len(), want.len(), "rows");
     assert!(got == want, "the table differs from one process's run");
+}
+
+/// A live deploy into a group is two-phase across its processes: every process checks
+/// the new plugin against each task it owns before any task swaps. `min-stock-broken`
+/// cannot migrate an accumulator, and only one partition has records (an open window):
+/// its task refuses, so no task of either process swaps, and the reply names it; then
+/// `min-stock-v2`, which every task takes, is committed and runs in every task of both.
+#[test]
+fn a_live_deploy_into_a_group_swaps_in_every_task_or_in_none() {
+    const TOKEN: &str = "km0-group-token";
+    let broker = Tansu::start();
+    broker.create_topic(TOPIC, PARTITIONS as i32);
+    let s3 = S3::start("km0");
+    let mut env = s3.env();
+    env.push(("KM0_TOKEN", TOKEN.into()));
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let t0 = 1_757_836_800_000i64;
+    let records: Vec<(i32, Option<String>, Vec<u8>)> = (0..20)
+        .map(|i| {
+            let line = format!(
+                r#"{{"tipo":"stock.actualizado","producto":"p0","mercado":"m","stock_actual":{},"delta":-1,"fecha_ms":{}}}"#,
+                5 + i,
+                t0 + i * 1_000
+            );
+            (3, Some("p0".to_string()), line.into_bytes())
+        })
+        .collect();
+    broker.produce(TOPIC, &records);
+    let group = "km0-2pc";
+    let sink = "kind = \"file\"\npath = \"out/alertas.jsonl\"";
+    let start = |m: &str| {
+        let p = job(
+            &dir.path().join(m),
+            &kafka_source(&broker, group),
+            sink,
+            &s3_checkpoints("s3://km0/jobs/2pc"),
+        );
+        Member::start(&p, &env, logs.join(format!("{m}.log")))
+    };
+    let (a, b) = (start("a"), start("b"));
+    let t = Instant::now();
+    while !(a.owns().len() == 3
+        && b.owns().len() == 3
+        && plugins_of(&a).len() == 3
+        && plugins_of(&b).len() == 3
+        && read_by(&[&a, &b]) == 20)
+    {
+        assert!(t.elapsed() < Duration::from_secs(90), "not settled: {}", all_logs(&a.log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deploy = |m: &Member, name: &str| {
+        let bytes = std::fs::read(plugin(name)).unwrap();
+        km0::control::client::send(&m.url, "POST", "/api/v1/deployments", Some(TOKEN), &bytes).unwrap()
+    };
+    let t = Instant::now();
+    let (code, body) = deploy(&a, "min-stock-broken");
+    eprintln!("a refused two-phase deploy over 2 processes answered in {:?}", t.elapsed());
+    assert_eq!(code, 422, "{body}\n{}", all_logs(&a.log));
+    assert!(body.contains("task task-3") && body.contains("no task swapped it in"), "{body}");
+    for m in [&a, &b] {
+        assert!(plugins_of(m).iter().all(|p| p.starts_with("min-stock 0.1")), "{:?}", plugins_of(m));
+    }
+    let t = Instant::now();
+    let (code, body) = deploy(&b, "min-stock-v2");
+    eprintln!("a committed two-phase deploy over 2 processes answered in {:?}", t.elapsed());
+    assert_eq!(code, 200, "{body}\n{}", all_logs(&a.log));
+    let t = Instant::now();
+    while ![&a, &b]
+        .iter()
+        .all(|m| plugins_of(m).len() == 3 && plugins_of(m).iter().all(|p| p.starts_with("min-stock 0.2")))
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?} {:?}", plugins_of(&a), plugins_of(&b));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("every task of both processes on v2 {:?} after the reply", t.elapsed());
+    for m in [a, b] {
+        m.stop();
+    }
 }

@@ -202,10 +202,9 @@ pub enum Refusal {
     #[error("the job is starting; try again")]
     Starting,
 
-    /// Tasks of a job of several refused a deploy (each with why), so none swapped it in;
-    /// `first` is the first one's refusal.
+    /// Tasks of a job of several refused a deploy (each with why), so none swapped it in.
     #[error("tasks refused the new plugin, so no task swapped it in: {}", tasks.join("; "))]
-    InTasks { tasks: Vec<String>, first: Box<Refusal> },
+    InTasks { tasks: Vec<String> },
 }
 
 impl From<Refusal> for Error {

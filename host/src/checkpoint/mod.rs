@@ -3,6 +3,7 @@
 
 pub mod components;
 pub mod group;
+pub mod proposals;
 pub mod remote;
 pub mod savepoint;
 pub mod store;

@@ -439,11 +439,7 @@ impl RemoteStore {
     /// (created only if absent: two deploys at once get numbers of their own). Its number.
     pub fn record_deploy(&self, record: &DeployRecord, component: &[u8]) -> Result<u64> {
         let url = &self.inner.url;
-        let to = self.inner.prefix.child(super::components::FOLDER).child(format!("{}.wasm", record.sha256));
-        if let Err(object_store::Error::NotFound { .. }) = self.block(self.inner.store.head(&to)) {
-            self.block(self.inner.store.put(&to, PutPayload::from(component.to_vec())))
-                .map_err(|e| err(url, format!("upload {to}: {e}")))?;
-        }
+        self.put_component(&record.sha256, component)?;
         let body =
             serde_json::to_vec(record).map_err(|e| err(url, format!("encode a deploy record: {e}")))?;
         loop {
@@ -456,6 +452,16 @@ impl RemoteStore {
                 Err(e) => return Err(err(url, format!("record {path}: {e}"))),
             }
         }
+    }
+
+    /// Put a deployed component into `components/` unless it is there.
+    pub fn put_component(&self, sha256: &str, component: &[u8]) -> Result<()> {
+        let to = self.inner.prefix.child(super::components::FOLDER).child(format!("{sha256}.wasm"));
+        if let Err(object_store::Error::NotFound { .. }) = self.block(self.inner.store.head(&to)) {
+            self.block(self.inner.store.put(&to, PutPayload::from(component.to_vec())))
+                .map_err(|e| err(&self.inner.url, format!("upload {to}: {e}")))?;
+        }
+        Ok(())
     }
 
     /// The job's newest deploy record, if any (one that does not read is skipped).

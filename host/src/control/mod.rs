@@ -516,8 +516,8 @@ fn refusal_status(r: &Refusal) -> StatusCode {
         | Refusal::Migration { .. }
         | Refusal::SchemaChanged { .. }
         | Refusal::Configure { .. }
-        | Refusal::Fields(_) => StatusCode::UNPROCESSABLE_ENTITY,
-        Refusal::InTasks { first, .. } => refusal_status(first),
+        | Refusal::Fields(_)
+        | Refusal::InTasks { .. } => StatusCode::UNPROCESSABLE_ENTITY,
     }
 }
 

@@ -44,6 +44,8 @@ pub(super) struct Fan<'a> {
     /// The job's share in a consumer group, and the flag that makes the process leave it.
     pub(super) membership: Option<Arc<Membership>>,
     pub(super) leave: &'a AtomicBool,
+    /// A deploy asked of this process is being proposed to the group and committed.
+    pub(super) proposing: AtomicBool,
     /// A stop's reply, sent when the job has finished, and the tasks' answers.
     #[allow(clippy::type_complexity)]
     pub(super) stop: Mutex<
@@ -90,12 +92,14 @@ impl Fan<'_> {
                     );
                 }
                 Some(Command::Deploy { deployment, reply }) => {
-                    let component = deployment.component.clone();
-                    let deployed = self.deploy(deployment, deployments.len() as u64 + 1);
+                    let id = deployments.len() as u64 + 1;
+                    let deployed = match self.membership.is_some() {
+                        true => self.group_deploy(deployment, id),
+                        false => self.deploy(deployment, id),
+                    };
                     if let Ok(d) = &deployed {
                         savepoints.extend(d.savepoint.clone());
                         deployments.push(d.clone());
-                        self.record_deploy(d, &component);
                     }
                     answer = Some(Box::new(move || drop(reply.send(deployed))));
                 }
@@ -185,7 +189,11 @@ impl Fan<'_> {
     /// swaps it in at its next record boundary, with its own rollback savepoint; the
     /// reply, once every task's is durable, has the job savepoint of them (the rollback
     /// point) and the longest pause.
-    fn deploy(&self, d: super::deployment::Deployment, id: u64) -> std::result::Result<Deployed, Refused> {
+    pub(super) fn deploy(
+        &self,
+        d: super::deployment::Deployment,
+        id: u64,
+    ) -> std::result::Result<Deployed, Refused> {
         let Some(deployer) = self.outer.deployer.as_ref() else {
             return Err(Refused::Closed("this job takes no live deploys".into()));
         };
@@ -268,32 +276,6 @@ impl Fan<'_> {
         Ok(job)
     }
 
-    /// In a group: record a deploy made here for the other processes, once this one's
-    /// tasks run it.
-    fn record_deploy(&self, d: &Deployed, component: &crate::checkpoint::components::Component) {
-        let Some((m, store)) = self.membership.as_ref().and_then(|m| Some((m, m.deploys.as_ref()?))) else {
-            return;
-        };
-        // A deploy taken from the group's record is recorded already.
-        if store.latest_deploy().ok().flatten().is_some_and(|(_, r)| r.sha256 == component.sha256) {
-            return;
-        }
-        let record = crate::checkpoint::remote::DeployRecord {
-            sha256: component.sha256.clone(),
-            plugin: d.to.name.clone(),
-            version: d.to.version.clone(),
-            aggregations: d.aggregations.clone(),
-            at_ms: metrics::now_ms(),
-        };
-        match store.record_deploy(&record, &component.bytes) {
-            Ok(n) => {
-                m.deploy_seen.fetch_max(n, Ordering::SeqCst);
-                tracing::info!(record = n, plugin = %record.plugin, version = %record.version, "deploy recorded for the group");
-            }
-            Err(e) => tracing::error!(error = %e, "the deploy could not be recorded for the other processes"),
-        }
-    }
-
     /// In a group: bring the tasks this process owns to the job's newest deploy (recorded
     /// by another process, or older than a task this one just took).
     pub(super) fn follow_deploys(&self) {
@@ -318,7 +300,8 @@ impl Fan<'_> {
                     .any(|a| record.aggregations.contains(&a.name) && a.plugin_sha256 != record.sha256)
             })
         });
-        if !behind || m.deploy_seen.load(Ordering::SeqCst) > n {
+        // (A deploy this process is committing swaps its own tasks itself.)
+        if !behind || m.deploy_seen.load(Ordering::SeqCst) > n || self.proposing.load(Ordering::SeqCst) {
             return;
         }
         let bytes = match store.component(&record.sha256) {
@@ -330,12 +313,11 @@ impl Fan<'_> {
         };
         let running: Vec<String> = status.aggregations.iter().map(|a| a.plugin.clone()).collect();
         let aggregation = (record.aggregations.len() == 1).then(|| record.aggregations[0].as_str());
-        let answer = deployer.prepare(bytes, aggregation, &running).map_err(Refused::from).and_then(|d| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            send(&self.outer, Command::Deploy { deployment: d, reply: tx });
-            rx.recv_timeout(Duration::from_secs(300))
-                .unwrap_or_else(|_| Err(Refused::Closed("no answer".into())))
-        });
+        // Committed for the group already: swapped here without asking it again.
+        let answer = deployer
+            .prepare(bytes, aggregation, &running)
+            .map_err(Refused::from)
+            .and_then(|d| self.deploy(d, 0));
         match answer {
             Ok(_) => {
                 tracing::info!(record = n, plugin = %record.plugin, version = %record.version, "deploy of the group taken")
@@ -434,6 +416,38 @@ fn prepare(
     tasks: &[&TaskPort],
     each: Vec<super::deployment::Deployment>,
 ) -> std::result::Result<Vec<super::deployment::Deployment>, Refused> {
+    let mut ready = Vec::with_capacity(tasks.len());
+    let mut refused = Vec::new();
+    for (t, r) in tasks.iter().zip(ask_prepare(tasks, each)) {
+        match r {
+            Ok(d) => ready.push(d),
+            Err(e) => refused.push((t.name.as_str(), e)),
+        }
+    }
+    if refused.is_empty() {
+        return Ok(ready);
+    }
+    // One task's refusal is the deploy's (its kind kept: a state it cannot take is a 422).
+    if tasks.len() == 1 {
+        return Err(refused.remove(0).1);
+    }
+    let why: Vec<String> = refused.iter().map(|(t, e)| format!("task {t}: {e}")).collect();
+    tracing::error!(refused = ?why, "tasks refused the deploy: no task swapped it in");
+    Err(match refused.iter().any(|(_, e)| matches!(e, Refused::Upgrade(_))) {
+        true => Refused::Upgrade(super::upgrade::Refusal::InTasks { tasks: why }),
+        false => Refused::Failed(format!(
+            "tasks refused the new plugin, so no task swapped it in: {}",
+            why.join("; ")
+        )),
+    })
+}
+
+/// Ask every one of `tasks` at once whether it takes its deployment (`each`, in order):
+/// each one's answer, its deployment back when it does.
+pub(super) fn ask_prepare(
+    tasks: &[&TaskPort],
+    each: Vec<super::deployment::Deployment>,
+) -> Vec<std::result::Result<super::deployment::Deployment, Refused>> {
     let asked: Vec<_> = tasks
         .iter()
         .zip(each)
@@ -443,34 +457,7 @@ fn prepare(
             rx
         })
         .collect();
-    let mut ready = Vec::with_capacity(tasks.len());
-    let mut refused = Vec::new();
-    for (t, rx) in tasks.iter().zip(asked) {
-        match wait(&t.handle, &rx) {
-            Ok(d) => ready.push(d),
-            Err(e) => refused.push((t.name.as_str(), e)),
-        }
-    }
-    match refused.len() {
-        0 => Ok(ready),
-        // One task's refusal is the deploy's (its kind kept: a state it cannot take is a 422).
-        1 if tasks.len() == 1 => Err(refused.remove(0).1),
-        _ => {
-            let why: Vec<String> = refused.iter().map(|(t, e)| format!("task {t}: {e}")).collect();
-            tracing::error!(refused = ?why, "tasks refused the deploy: no task swapped it in");
-            Err(match refused.remove(0).1 {
-                Refused::Upgrade(r) => {
-                    Refused::Upgrade(super::upgrade::Refusal::InTasks { tasks: why, first: Box::new(r) })
-                }
-                _ => Refused::Failed(format!(
-                    "{} of {} tasks refused the new plugin, so no task swapped it in: {}",
-                    why.len(),
-                    tasks.len(),
-                    why.join("; ")
-                )),
-            })
-        }
-    }
+    tasks.iter().zip(asked).map(|(t, rx)| wait(&t.handle, &rx)).collect()
 }
 
 /// Send a task a command (refused at once when the task has stopped).

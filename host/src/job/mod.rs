@@ -38,6 +38,7 @@ pub mod commands;
 pub mod deployment;
 mod engine;
 mod fan;
+mod group_deploy;
 mod group_savepoint;
 mod lag;
 mod ledger;

@@ -58,6 +58,7 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
         tasks: task_ports(&tasks, &task_opts, threads, membership.as_deref()),
         membership: membership.clone(),
         leave: &leave,
+        proposing: AtomicBool::new(false),
         pipeline: pipeline.name.clone(),
         sp_dir: sp_dir.clone(),
         done: AtomicBool::new(false),
@@ -79,11 +80,15 @@ pub(super) fn run(pipeline: &Pipeline, opts: &RunOptions, open: &Open) -> Result
         let savepoints_thread = fan.as_ref().filter(|_| member.is_some()).map(|f| {
             s.spawn(move || {
                 let mut followed = super::group_savepoint::Followed::default();
+                let mut proposed = super::group_deploy::Proposed::default();
                 membership::follow_store(
                     finished_ref,
                     &f.done,
                     super::group_savepoint::REQUESTS_EVERY,
-                    &mut || f.follow_savepoints(&mut followed),
+                    &mut || {
+                        f.follow_savepoints(&mut followed);
+                        f.follow_proposals(&mut proposed);
+                    },
                 )
             })
         });

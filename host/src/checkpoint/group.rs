@@ -263,6 +263,9 @@ impl GroupSavepoints {
     /// Fetch the complete savepoint `id` into `cache` as a job savepoint of tasks: its
     /// folder (fetched once).
     pub fn fetch(&self, id: &str, cache: &Path) -> Result<PathBuf> {
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err(Error::Usage(format!("{id:?} is not a savepoint id")));
+        }
         let to = cache.join(id);
         if to.join(savepoint::TASKS).is_file() {
             return Ok(to);
@@ -276,6 +279,12 @@ impl GroupSavepoints {
                 return Err(Error::Usage(format!("{} was abandoned: {why}", self.url_of(id))))
             }
         };
+        // Names from the store become local paths: plain names only.
+        if let Some(t) = manifest.tasks.iter().find(|t| {
+            t.task.is_empty() || !t.task.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        }) {
+            return Err(Error::Usage(format!("{}: {:?} is not a task's name", self.url_of(id), t.task)));
+        }
         let tmp = cache.join(format!(".{id}.tmp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         for t in manifest.tasks.iter().filter(|t| !t.ended) {
@@ -334,9 +343,6 @@ pub fn fetch_url(url: &str, cache: &Path) -> Result<PathBuf> {
             "{url} is not a savepoint of a group (s3://bucket/prefix/{FOLDER}/<id>)"
         )));
     };
-    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        return Err(Error::Usage(format!("{url}: {id:?} is not a savepoint id")));
-    }
     std::fs::create_dir_all(cache).map_err(|e| Error::io("create folder", cache, e))?;
     GroupSavepoints::open(job)?.fetch(id, cache)
 }

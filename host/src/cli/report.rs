@@ -288,20 +288,20 @@ pub fn print_group_savepoints(store: &str, json: bool) -> Result<()> {
         match p {
             Progress::Complete(_, m) => println!(
                 "{}  complete  {kind}  {} tasks ({})",
-                row["url"].as_str().unwrap_or_default(),
+                km0::text::printable(row["url"].as_str().unwrap_or_default()),
                 m.tasks.len(),
                 m.tasks.iter().map(|t| t.partition.as_str()).collect::<Vec<_>>().join(", ")
             ),
             Progress::Open(_, saved) => {
                 println!(
                     "{}  open  {kind}  {} tasks saved so far",
-                    row["url"].as_str().unwrap_or_default(),
+                    km0::text::printable(row["url"].as_str().unwrap_or_default()),
                     saved.len()
                 )
             }
             Progress::Abandoned(_, why) => println!(
                 "{}  abandoned  {kind}  {}",
-                row["url"].as_str().unwrap_or_default(),
+                km0::text::printable(row["url"].as_str().unwrap_or_default()),
                 km0::text::printable(why)
             ),
         }

@@ -376,13 +376,8 @@ pub fn deploy(
     }
     if tasks::per_partition(pipeline) {
         let opts = RunOptions { from_savepoint: Some(from_savepoint.to_path_buf()), ..opts.clone() };
-        return threads::run(pipeline, &opts, &|p, o| match &o.from_savepoint {
-            Some(sp) => open_deploy(p, plugin_path, sp, o, runtime),
-            None => Err(Error::Usage(format!(
-                "the savepoint {} holds no state of task {} to deploy into",
-                from_savepoint.display(),
-                p.task.as_deref().unwrap_or("?")
-            ))),
+        return threads::run(pipeline, &opts, &|p, o| {
+            open_task_deploy(p, o, plugin_path, from_savepoint, runtime)
         });
     }
     tasks::check_one_task(pipeline, opts)?;
@@ -428,14 +423,8 @@ fn deploy_into_savepoint(
         stop_with_savepoint_after: Some(0),
         ..opts.clone()
     };
-    let mut summary = threads::run(&alone, &opts, &|p, o| match &o.from_savepoint {
-        Some(sp) => open_deploy(p, plugin_path, sp, o, runtime),
-        None => Err(Error::Usage(format!(
-            "the savepoint {} holds no state of task {} to deploy into",
-            from_savepoint.display(),
-            p.task.as_deref().unwrap_or("?")
-        ))),
-    })?;
+    let mut summary =
+        threads::run(&alone, &opts, &|p, o| open_task_deploy(p, o, plugin_path, from_savepoint, runtime))?;
     let store = pipeline.checkpoints.as_ref().and_then(|c| c.remote.as_deref());
     if let (Some(url), Some(local)) = (store, summary.savepoint.clone()) {
         let put = crate::checkpoint::group::GroupSavepoints::open(url)?.put(&local, "km0 deploy")?;
@@ -443,6 +432,25 @@ fn deploy_into_savepoint(
         summary.savepoint = Some(PathBuf::from(put));
     }
     Ok(summary)
+}
+
+/// Open a task of a job savepoint (`from_savepoint`) with a new plugin version: from its
+/// own savepoint in it.
+fn open_task_deploy<'p>(
+    p: &'p Pipeline,
+    o: &RunOptions,
+    plugin_path: &Path,
+    from_savepoint: &Path,
+    runtime: &PluginRuntime,
+) -> Result<RunningJob<'p>> {
+    match &o.from_savepoint {
+        Some(sp) => open_deploy(p, plugin_path, sp, o, runtime),
+        None => Err(Error::Usage(format!(
+            "the savepoint {} holds no state of task {} to deploy into",
+            from_savepoint.display(),
+            p.task.as_deref().unwrap_or("?")
+        ))),
+    }
 }
 
 /// Open a job (or one task of it) from a savepoint with a new plugin version.

@@ -379,11 +379,7 @@ fn the_same_into_postgres_with_the_s3_store_stopped_for_a_while() {
     let pg = km0_e2e::services::Postgres::start();
     let sink = format!("kind = \"postgres\"\nurl = \"{}\"\ntable = \"alertas\"", pg.url());
     let want = run_shared(&broker, &s3, &sink, "km0-stock-pg", (100_000, 43), true);
-    let got: BTreeMap<String, serde_json::Value> = pg
-        .query("SELECT key, value::text FROM alertas ORDER BY key")
-        .iter()
-        .map(|r| (r[0].clone(), serde_json::from_str(&r[1]).unwrap()))
-        .collect();
+    let got = table(&pg);
     assert_eq!(got.len(), want.len(), "rows");
     assert!(got == want, "the table differs from one process's run");
     // Progress is kept per task, whichever process ran it.
@@ -400,6 +396,14 @@ fn the_same_into_postgres_with_the_s3_store_stopped_for_a_while() {
             "{chk} has its meta: {keys:?}"
         );
     }
+}
+
+/// The keyed view of the PostgreSQL sink's table `alertas`.
+fn table(pg: &km0_e2e::services::Postgres) -> BTreeMap<String, serde_json::Value> {
+    pg.query("SELECT key, value::text FROM alertas ORDER BY key")
+        .iter()
+        .map(|r| (r[0].clone(), serde_json::from_str(&r[1]).unwrap()))
+        .collect()
 }
 
 /// The plugins every task of `m` runs, one `name version` per task and aggregation.
@@ -856,12 +860,7 @@ fn an_offline_deploy_into_a_groups_savepoint_starts_the_group_on_the_new_plugin(
     until_read(&refs, total / 2 - PARTITIONS as u64, Duration::from_secs(90));
     let stopped = km0_ok(&["stop", "--job", &members[2].url], &env, &logs).trim().to_string();
     all_exit(members);
-    let rows = || -> BTreeMap<String, serde_json::Value> {
-        pg.query("SELECT key, value::text FROM alertas ORDER BY key")
-            .iter()
-            .map(|r| (r[0].clone(), serde_json::from_str(&r[1]).unwrap()))
-            .collect()
-    };
+    let rows = || table(&pg);
     let before = rows();
     assert!(!before.is_empty() && before.len() < want.len(), "{} of {}", before.len(), want.len());
 
@@ -982,11 +981,7 @@ fn a_sigterm_while_the_store_is_frozen_hands_over_by_its_deadline() {
     for m in members {
         m.stop();
     }
-    let got: BTreeMap<String, serde_json::Value> = pg
-        .query("SELECT key, value::text FROM alertas ORDER BY key")
-        .iter()
-        .map(|r| (r[0].clone(), serde_json::from_str(&r[1]).unwrap()))
-        .collect();
+    let got = table(&pg);
     assert_eq!(got.len(), want.len(), "rows");
     assert!(got == want, "the table differs from one process's run");
 }

@@ -298,7 +298,7 @@ fn produce(parts: &[PathBuf], live: &[PathBuf]) -> std::thread::JoinHandle<()> {
 /// completed a checkpoint; then once more to the end of the (complete) input. Returns the
 /// live files.
 fn run_with_sigkills(dir: &Path, parts: &[PathBuf], sink: Option<&str>) -> Vec<PathBuf> {
-    run_with_sigkills_into(dir, parts, sink, None, None)
+    run_with_sigkills_into(dir, parts, sink, None, (None, false))
 }
 
 /// An object store for the checkpoints: its URL, the environment that reaches it, and
@@ -313,7 +313,7 @@ fn run_with_sigkills_into(
     parts: &[PathBuf],
     sink: Option<&str>,
     s3: Option<Store>,
-    freeze: Option<&km0_e2e::services::S3>,
+    (server, freeze): (Option<&km0_e2e::services::S3>, bool),
 ) -> Vec<PathBuf> {
     let live: Vec<PathBuf> = (0..PARTITIONS).map(|i| dir.join(format!("live-{i}.jsonl"))).collect();
     for l in &live {
@@ -355,7 +355,7 @@ fn run_with_sigkills_into(
             .stderr(std::fs::File::create(dir.join("stderr.txt")).unwrap())
             .spawn()
             .unwrap();
-        if let (Some(store), 3) = (freeze, kill) {
+        if let (Some(store), true, 3) = (server, freeze, kill) {
             // The store stops answering for 2 s mid-run: uploads wait, none is torn.
             std::thread::sleep(Duration::from_millis(200));
             store.freeze(true);
@@ -368,6 +368,17 @@ fn run_with_sigkills_into(
                 panic!("no checkpoint in run {kill}: {err}");
             }
             std::thread::sleep(Duration::from_millis(5));
+        }
+        // The last run is killed only once the store holds a complete checkpoint (the
+        // local one above can be ahead of its upload; under load, every earlier kill may
+        // have fallen before an upload completed): the final run recovers from the store.
+        if let (Some(store), Some((url, _, _)), 7) = (server, s3, kill) {
+            let prefix =
+                format!("{}/", url.trim_start_matches("s3://").split_once('/').map_or("", |(_, p)| p));
+            while !store.keys(&prefix).iter().any(|k| k.ends_with("/_COMPLETE")) {
+                assert!(started.elapsed() < Duration::from_secs(120), "no complete checkpoint in {url}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
         lcg = lcg.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         std::thread::sleep(Duration::from_millis((lcg >> 33) % 150));
@@ -528,7 +539,7 @@ fn checkpoints_in_an_s3_store_recover_every_task_on_another_machine_after_sigkil
         &parts,
         None,
         Some(("s3://km0/jobs/stock", &env, "memory")),
-        Some(&s3),
+        (Some(&s3), true),
     );
     let whole = dir.path().join("whole");
     km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
@@ -676,8 +687,13 @@ fn rocksdb_checkpoints_in_s3_share_their_table_files_and_recover_after_sigkills(
     let env = s3.env();
     let dir = tempfile::tempdir().unwrap();
     let parts = partitioned(dir.path(), 80_000, 41);
-    let live =
-        run_with_sigkills_into(dir.path(), &parts, None, Some(("s3://km0/rocks", &env, "rocksdb")), None);
+    let live = run_with_sigkills_into(
+        dir.path(),
+        &parts,
+        None,
+        Some(("s3://km0/rocks", &env, "rocksdb")),
+        (Some(&s3), false),
+    );
     let whole = dir.path().join("whole");
     km0(&["--parallelism", "2"], &task_job(&whole, &live, ""));
     assert_same(&task_outputs(&dir.path().join("killed")), &task_outputs(&whole), "RocksDB state from S3");

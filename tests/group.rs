@@ -126,6 +126,13 @@ impl Member {
         self.wait()
     }
 
+    /// SIGSTOP (`true`) or SIGCONT: a process that no longer answers, a zombie.
+    fn freeze(&self, frozen: bool) {
+        let sig = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
     fn signal_stop(&self) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -1073,4 +1080,63 @@ fn a_live_deploy_into_a_group_swaps_in_every_task_or_in_none() {
     for m in [a, c] {
         m.stop();
     }
+}
+
+/// A stop whose savepoint cannot complete (a process SIGSTOPped with its tasks, and a 3 s
+/// limit) is abandoned: the reply says which tasks are missing, the tasks the stop had
+/// stopped run again, the job goes on (the frozen process's partitions reach the other
+/// after the session timeout), a later stop completes, and the output topic equals one
+/// process's run.
+#[test]
+fn a_stop_that_cannot_complete_is_abandoned_and_the_job_goes_on() {
+    let Place { broker, env, dir, logs, s3: _s3 } = place();
+    let mut env = env;
+    env.push(("KM0_GROUP_SAVEPOINT_TIMEOUT_MS", "3000".into()));
+    broker.create_topic("alertas", 3);
+    let parts = stream(30_000, 67);
+    let want = file_run(&dir.path().join("files"), &parts);
+    let group = "km0-abandon";
+    let sink = format!("kind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"alertas\"", broker.brokers);
+    let start = |m: &str| {
+        let p = job(
+            &dir.path().join(m),
+            &kafka_source(&broker, group),
+            &sink,
+            &s3_checkpoints("s3://km0/jobs/abandon"),
+        );
+        Member::start(&p, &env, logs.join(format!("{m}.log")))
+    };
+    let producer = produce_slowly(broker.brokers.clone(), parts, 8, Duration::from_millis(500));
+    let (a, b) = (start("a"), start("b"));
+    let t = Instant::now();
+    while !(a.owns().len() == 3 && b.owns().len() == 3 && read_by(&[&a]) > 0 && read_by(&[&b]) > 0) {
+        assert!(t.elapsed() < Duration::from_secs(90), "not settled: {}", all_logs(&a.log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let frozen = b.owns();
+    b.freeze(true);
+    let out = Command::new(km0_bin())
+        .args(["stop", "--job", &a.url])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("incomplete"), "{err}\n{}", all_logs(&a.log));
+    for t in frozen {
+        let task = format!("task-{}", t.rsplit('/').next().unwrap());
+        assert!(err.contains(&task), "{task} missing in: {err}");
+    }
+    // a's tasks run again; b's partitions come to a after the session timeout.
+    b.kill();
+    producer.join().unwrap();
+    let mut members = vec![a];
+    wait_committed(&broker, group, &mut members, Duration::from_secs(120));
+    let a = members.remove(0);
+    assert!(a.log().contains("the group's stop was abandoned"), "{}", a.log());
+    let stopped = km0_ok(&["stop", "--job", &a.url], &env, &logs);
+    assert!(stopped.trim().contains("/savepoints/"), "{stopped}");
+    a.wait();
+    let got = keyed_view_of(&broker.read_all("alertas"));
+    assert_eq!(got.len(), want.len(), "keys");
+    assert!(got == want, "the output topic differs from one process's run");
 }

@@ -14,8 +14,14 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// How long the tasks of the whole group may take to be saved.
-pub(super) const GROUP_SAVEPOINT_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the tasks of the whole group may take to be saved, unless
+/// `KM0_GROUP_SAVEPOINT_TIMEOUT_MS` says otherwise.
+fn group_savepoint_timeout() -> Duration {
+    std::env::var("KM0_GROUP_SAVEPOINT_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(60), Duration::from_millis)
+}
 
 /// How often a process looks for savepoints asked of the group.
 pub(super) const REQUESTS_EVERY: Duration = Duration::from_millis(200);
@@ -48,7 +54,7 @@ impl Fan<'_> {
         };
         let by = self.membership.as_ref().map(|m| m.member()).unwrap_or_default();
         let request =
-            g.request(stop, GROUP_SAVEPOINT_TIMEOUT, &by).map_err(|e| Refused::Failed(e.to_string()))?;
+            g.request(stop, group_savepoint_timeout(), &by).map_err(|e| Refused::Failed(e.to_string()))?;
         tracing::info!(savepoint = %g.url_of(&request.id), stop, "savepoint of the group asked");
         if stop {
             self.outer.set_state(JobState::Stopping);
@@ -78,9 +84,9 @@ impl Fan<'_> {
         let missing: Vec<&str> =
             self.tasks.iter().map(|t| t.name.as_str()).filter(|t| !saved.iter().any(|s| s == t)).collect();
         format!(
-            "the group savepoint is incomplete after {} s: tasks {missing:?} were not saved (no process owns \
+            "the group savepoint is incomplete after {:.1} s: tasks {missing:?} were not saved (no process owns \
              them, or their owner did not answer); it is abandoned and the job goes on",
-            GROUP_SAVEPOINT_TIMEOUT.as_secs()
+            group_savepoint_timeout().as_secs_f64()
         )
     }
 
@@ -117,15 +123,27 @@ impl Fan<'_> {
                 None
             }
         };
-        if let Some(r) = stopped.or_else(|| {
-            followed
-                .stops
-                .iter()
-                .find(|id| followed.finished.contains(*id))
-                .map(|id| Request { id: id.clone(), ..Request::default() })
-        }) {
+        // A stop this process took part in that is over: complete (the group stopped), or
+        // abandoned (the job goes on: the tasks it stopped here open again, from their
+        // checkpoints).
+        let over: Vec<String> =
+            followed.stops.iter().filter(|id| followed.finished.contains(*id)).cloned().collect();
+        let mut complete = stopped.map(|r| r.id);
+        for id in over {
+            followed.stops.remove(&id);
+            match g.progress(&id) {
+                Ok(Progress::Abandoned(_, why)) => {
+                    tracing::warn!(savepoint = %g.url_of(&id), reason = %why, "the group's stop was abandoned: its tasks here run again");
+                    if let Some(m) = &self.membership {
+                        m.reopen_stopped();
+                    }
+                }
+                _ => complete = complete.or(Some(id)),
+            }
+        }
+        if let Some(id) = complete {
             if !self.leave.swap(true, Ordering::SeqCst) {
-                tracing::info!(savepoint = %g.url_of(&r.id), "the group stopped with a savepoint: leaving it");
+                tracing::info!(savepoint = %g.url_of(&id), "the group stopped with a savepoint: leaving it");
             }
             return;
         }

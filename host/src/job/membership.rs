@@ -155,6 +155,19 @@ impl Membership {
         }
     }
 
+    /// Open again the tasks a stop of the group stopped here, where this process still
+    /// owns them (the stop was abandoned).
+    pub(super) fn reopen_stopped(&self) {
+        let Ok(placed) = self.placed.lock() else { return };
+        for (i, stopped) in self.stopped.iter().enumerate() {
+            if stopped.swap(false, Ordering::SeqCst) {
+                if let Some(&thread) = placed.get(&i) {
+                    self.order(thread, Order::Open(i));
+                }
+            }
+        }
+    }
+
     /// This process's member id in the group.
     pub(super) fn member(&self) -> String {
         self.member_id.lock().map(|m| m.clone()).unwrap_or_default()

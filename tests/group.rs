@@ -433,7 +433,15 @@ fn a_live_deploy_into_one_process_reaches_every_process_and_every_task_taken_lat
     let mut env = s3.env();
     env.push(("KM0_TOKEN", TOKEN.into()));
     let dir = tempfile::tempdir().unwrap();
-    let producer = produce_slowly(broker.brokers.clone(), stream(60_000, 47), 10, Duration::from_millis(500));
+    // Every partition's closing event (which fires its windows) comes after the deploy.
+    let (body, closing): (Vec<_>, Vec<_>) = stream(60_000, 47)
+        .into_iter()
+        .map(|mut l| {
+            let last = l.pop().into_iter().collect::<Vec<_>>();
+            (l, last)
+        })
+        .unzip();
+    let producer = produce_slowly(broker.brokers.clone(), body, 10, Duration::from_millis(500));
     let group = "km0-deploy";
     let checkpoints = s3_checkpoints("s3://km0/jobs/deploy");
     let sink = "kind = \"file\"\npath = \"out/alertas.jsonl\"";
@@ -474,6 +482,8 @@ fn a_live_deploy_into_one_process_reaches_every_process_and_every_task_taken_lat
     on_v2(&a);
     // b takes it from the record in the shared store.
     on_v2(&b);
+    producer.join().unwrap();
+    produce_slowly(broker.brokers.clone(), closing, 1, Duration::ZERO).join().unwrap();
     assert!(
         s3.keys("jobs/deploy/deploys/").iter().any(|k| k.ends_with("000001.json")),
         "{:?}",
@@ -484,7 +494,6 @@ fn a_live_deploy_into_one_process_reaches_every_process_and_every_task_taken_lat
     let c = start("c");
     settled(&[&a, &b, &c], 2);
     on_v2(&c);
-    producer.join().unwrap();
     for m in [a, b, c] {
         m.stop();
     }
@@ -687,6 +696,24 @@ fn place() -> Place {
     Place { broker, s3, env, dir, logs }
 }
 
+/// Wait until the group has settled: every partition owned by exactly one of `members`,
+/// the same for 2 s (a stop asked during a rebalance waits for it).
+fn settled(members: &[&Member]) {
+    let all: Vec<String> = (0..PARTITIONS).map(|p| format!("{TOPIC}/{p}")).collect();
+    let (t, mut since) = (Instant::now(), Instant::now());
+    loop {
+        let mut owned: Vec<String> = members.iter().flat_map(|m| m.owns()).collect();
+        owned.sort();
+        if owned != all {
+            since = Instant::now();
+        } else if since.elapsed() > Duration::from_secs(2) {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(90), "not settled: {owned:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `km0 ARGS` with the store's environment: its standard output, or a failure with its
 /// standard error and the members' logs.
 fn km0_ok(args: &[&str], env: &[(&str, String)], logs: &Path) -> String {
@@ -796,6 +823,7 @@ fn a_group_savepoint_and_stop_start_the_job_again_at_any_size() {
             .collect();
         let refs: Vec<&Member> = ms.iter().collect();
         until_read(&refs, total, Duration::from_secs(120));
+        settled(&refs);
         let again = km0_ok(&["stop", "--job", &ms[0].url], &env, &logs).trim().to_string();
         assert!(again.starts_with(&format!("{store}/savepoints/")), "{again}");
         all_exit(ms);

@@ -793,6 +793,7 @@ fn a_group_savepoint_and_stop_start_the_job_again_at_any_size() {
     let producer = produce_slowly(broker.brokers.clone(), rest, 8, Duration::from_millis(400));
     std::thread::sleep(Duration::from_millis(600));
 
+    settled(&members.iter().collect::<Vec<_>>());
     // A savepoint while records flow, asked of a.
     let t = Instant::now();
     let saved = km0_ok(&["savepoint", "--job", &members[0].url], &env, &logs).trim().to_string();
@@ -893,6 +894,7 @@ fn an_offline_deploy_into_a_groups_savepoint_starts_the_group_on_the_new_plugin(
     let members: Vec<Member> = ["a", "b", "c"].iter().map(|m| start(m, &["--parallelism", "2"])).collect();
     let refs: Vec<&Member> = members.iter().collect();
     until_read(&refs, total / 2 - PARTITIONS as u64, Duration::from_secs(90));
+    settled(&refs);
     let stopped = km0_ok(&["stop", "--job", &members[2].url], &env, &logs).trim().to_string();
     all_exit(members);
     let rows = || table(&pg);
@@ -944,6 +946,7 @@ fn an_offline_deploy_into_a_groups_savepoint_starts_the_group_on_the_new_plugin(
             && l.ends_with(" 6.0")),
         "{metrics}"
     );
+    settled(&[&alone]);
     km0_ok(&["stop", "--job", &alone.url], &env, &logs);
     all_exit(vec![alone]);
 
